@@ -1,0 +1,115 @@
+"""Load a config: dataclass defaults <- preset/YAML file(s) <- dotted command-line overrides.
+
+Unknown keys fail with a "did you mean", wrong types fail naming the key (OmegaConf does the
+coercion), and the result is a plain dataclass instance. A YAML file may name another preset
+or file under `base:` to start from.
+"""
+from __future__ import annotations
+
+import difflib
+import os
+from dataclasses import fields, is_dataclass
+from pathlib import Path
+from typing import Any, Sequence, TypeVar
+
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+PRESET_DIR = Path(__file__).parent / "presets"
+T = TypeVar("T")
+
+
+class ConfigError(ValueError):
+    """A config that cannot be used; the message names the key(s) and the rule."""
+
+
+def list_presets() -> list[str]:
+    return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def resolve_config_path(name_or_path: str) -> Path:
+    """A preset name (`grpo`) or a path to a YAML file."""
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") and p.exists():
+        return p
+    preset = PRESET_DIR / f"{name_or_path}.yaml"
+    if preset.exists():
+        return preset
+    raise ConfigError(f"config {name_or_path!r} is neither a YAML file nor a preset; presets: {list_presets()}")
+
+
+def _read_yaml(path: Path, seen: tuple = ()) -> dict:
+    if path in seen:
+        raise ConfigError(f"circular 'base:' chain through {path}")
+    data = yaml.safe_load(path.read_text()) or {}
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: top level must be a mapping")
+    base = data.pop("base", None)
+    if base is None:
+        return data
+    parent = _read_yaml(resolve_config_path(str(base)), seen + (path,))
+    return _deep_merge(parent, data)
+
+
+def _deep_merge(a: dict, b: dict) -> dict:
+    out = dict(a)
+    for k, v in b.items():
+        out[k] = _deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def _check_keys(schema, data: dict, prefix: str = "") -> None:
+    """Every key in `data` must be a field of `schema` (recursively); suggest the closest."""
+    valid = {f.name: f for f in fields(schema)}
+    for key, value in data.items():
+        dotted = f"{prefix}{key}"
+        if key not in valid:
+            close = difflib.get_close_matches(key, list(valid), n=1)
+            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; valid keys: {sorted(valid)}"
+            raise ConfigError(f"unknown config key {dotted!r}{hint}")
+        ftype = valid[key].default_factory if valid[key].default_factory is not None else None  # type: ignore[misc]
+        sub = ftype() if callable(ftype) else None
+        if is_dataclass(sub):
+            if not isinstance(value, dict):
+                raise ConfigError(f"config key {dotted!r} is a section; give it a mapping, not {value!r}")
+            _check_keys(type(sub), value, dotted + ".")
+
+
+def parse_overrides(overrides: Sequence[str]) -> dict:
+    """`["rollout.n=8", "actor.lr=1e-5"]` -> nested dict with YAML-typed values."""
+    out: dict = {}
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override {item!r} must look like section.key=value")
+        key, raw = item.split("=", 1)
+        value = yaml.safe_load(raw) if raw != "" else ""
+        node = out
+        parts = key.strip().split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = value
+    return out
+
+
+def load_config(schema: type[T], config: str | None = None, overrides: Sequence[str] = ()) -> T:
+    """Defaults of `schema`, then the YAML `config` (preset name or path), then overrides."""
+    data: dict = {}
+    if config:
+        data = _read_yaml(resolve_config_path(config))
+    data = _deep_merge(data, parse_overrides(overrides))
+    _check_keys(schema, data)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.create(data))
+        return OmegaConf.to_object(merged)  # type: ignore[return-value]
+    except OmegaConfBaseException as e:
+        key = getattr(e, "full_key", None) or ""
+        raise ConfigError(f"config key {key!r}: {str(e).splitlines()[0]}") from None
+
+
+def save_config(cfg: Any, path: str | os.PathLike) -> None:
+    """Write the resolved config as YAML (what the run actually used)."""
+    from dataclasses import asdict
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    Path(path).write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))

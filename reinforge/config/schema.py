@@ -1,0 +1,262 @@
+"""Typed configuration: one dataclass per component, every field with a default and a docstring.
+
+Presets (reinforge/config/presets/*.yaml) and the command line only override these defaults;
+`reinforge.config.load.validate` derives and checks everything in one place before a model loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Optional
+
+
+@dataclass
+class ModelConfig:
+    path: str = ""
+    """Local Hugging Face model folder for the actor (and the reference, a frozen copy)."""
+    tokenizer_path: Optional[str] = None
+    """Tokenizer folder; None means the model folder."""
+    dtype: str = "auto"
+    """Parameter dtype: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in backward to save memory."""
+    trust_remote_code: bool = False
+    """Allow model code shipped inside the model folder to run (off unless you trust it)."""
+    attn_implementation: str = "sdpa"
+    """Attention kernel passed to transformers: sdpa or eager."""
+    fused_logprobs: bool = True
+    """Compute log-probs from hidden states in token chunks so full (N, V) logits never exist."""
+    logprob_chunk_size: int = 1024
+    """Tokens per chunk for the fused log-prob path."""
+
+
+@dataclass
+class DataConfig:
+    train_files: list = field(default_factory=list)
+    """Parquet/JSONL files of RL prompts (veRL or TRL schema)."""
+    val_files: list = field(default_factory=list)
+    """Held-out prompt files for validation."""
+    prompt_key: str = "prompt"
+    """Column holding the prompt (text or chat messages)."""
+    max_prompt_length: int = 64
+    """Longest prompt in tokens; prompts are left-padded to this length."""
+    overlong_prompt: str = "error"
+    """What to do with a longer prompt: error, skip (counted) or truncate_left."""
+    train_batch_size: int = 8
+    """Prompts per training step (the batch holds train_batch_size * rollout.n sequences)."""
+    val_batch_size: int = 64
+    """Prompts per validation generation call."""
+    max_val_samples: int = 200
+    """Validation prompts used (the first N of the val files)."""
+    seed: int = 1
+    """Shuffling seed for the prompt loader."""
+
+
+@dataclass
+class RolloutConfig:
+    backend: str = "hf"
+    """Generation engine: hf (transformers generate, in-process) or vllm (GPU)."""
+    n: int = 8
+    """Samples per prompt (the group size G)."""
+    temperature: float = 1.0
+    """Sampling temperature; log-probs are computed at the same temperature."""
+    top_p: float = 1.0
+    """Nucleus sampling threshold."""
+    top_k: int = 0
+    """Top-k sampling (0 disables)."""
+    max_response_length: int = 32
+    """Longest response in tokens; responses are right-padded to this length."""
+    micro_batch_size: int = 256
+    """Sequences per generate() call."""
+    val_n: int = 8
+    """Samples per validation prompt for sampled mean@n and pass@k."""
+    val_temperature: float = 1.0
+    """Temperature of the sampled validation (greedy validation always runs too)."""
+    gpu_memory_utilization: float = 0.5
+    """vLLM only: fraction of GPU memory for the engine."""
+    tis_cap: float = 2.0
+    """vLLM only: cap of the truncated importance-sampling weight trainer/rollout."""
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear LR warmup, in training steps."""
+    lr_schedule: str = "constant"
+    """LR schedule after warmup: constant, cosine or linear (to zero at trainer.total_steps)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value."""
+    ppo_epochs: int = 1
+    """Passes over each rollout batch."""
+    mini_batch_size: int = 0
+    """Sequences per optimizer step; 0 means the whole batch (one on-policy update)."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward; gradients accumulate to the mini-batch exactly."""
+    shuffle: bool = True
+    """Shuffle sequences before splitting into mini-batches (seeded)."""
+    policy_loss: str = "ppo_clip"
+    """Surrogate by name: ppo_clip, gspo, cispo, gmpo, vanilla."""
+    clip_low: float = 0.2
+    """Lower clip range: ratio >= 1 - clip_low."""
+    clip_high: float = 0.2
+    """Upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)."""
+    clip_c: Optional[float] = None
+    """Dual-clip constant (> 1) bounding the loss for negative advantages; None disables."""
+    loss_agg_mode: str = "token-mean"
+    """token-mean, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm."""
+    loss_norm_const: Optional[float] = None
+    """Constant for seq-mean-token-sum-norm (Dr.GRPO); None = rollout.max_response_length."""
+    entropy_coeff: float = 0.0
+    """Entropy bonus weight (subtracted from the loss)."""
+    use_kl_loss: bool = False
+    """Add a KL(actor || reference) term to the loss (GRPO)."""
+    kl_loss_coef: float = 0.001
+    """Weight of the KL loss."""
+    kl_loss_type: str = "k3"
+    """KL estimator for the loss: k1, abs, k2, k3, k1+, k3+."""
+    max_nonfinite_steps: int = 3
+    """Abort after this many consecutive updates with a non-finite loss or gradient."""
+
+
+@dataclass
+class CriticConfig:
+    model_path: Optional[str] = None
+    """Backbone for the critic; None = the actor's model. May be a reward-model folder."""
+    reinit_head: bool = False
+    """Re-initialise the value head even when the backbone (a reward model) has one."""
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    warmup_steps: int = 0
+    """Linear LR warmup, in training steps."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value."""
+    ppo_epochs: int = 1
+    """Passes over each batch."""
+    mini_batch_size: int = 0
+    """Sequences per optimizer step; 0 = the whole batch."""
+    micro_batch_size: int = 16
+    """Sequences per forward/backward."""
+    cliprange_value: Optional[float] = 0.5
+    """Clip new values to old +- this; None disables value clipping."""
+    loss_agg_mode: str = "token-mean"
+    """Aggregation of the value loss."""
+    warmup_actor_freeze_steps: int = 0
+    """Critic warmup: the actor is not updated during the first k steps."""
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_estimator: str = "grpo"
+    """Advantage estimator by name: gae, grpo, rloo, reinforce_plus_plus, ..."""
+    gamma: float = 1.0
+    """Discount factor."""
+    lam: float = 1.0
+    """GAE lambda for the actor's advantages."""
+    lam_critic: Optional[float] = None
+    """GAE lambda for the critic's returns (VAPO decoupled GAE); None = lam."""
+    length_adaptive_alpha: Optional[float] = None
+    """VAPO length-adaptive lambda = 1 - 1/(alpha * L); None disables."""
+    norm_adv_by_std: bool = True
+    """GRPO: divide by the group std (False = Dr.GRPO)."""
+    use_kl_in_reward: bool = False
+    """Subtract beta * KL(actor || reference) from the token rewards (PPO-style)."""
+    kl_penalty: str = "k1"
+    """KL estimator used in the reward."""
+    kl_ctrl: str = "fixed"
+    """KL coefficient controller: fixed or adaptive."""
+    kl_coef: float = 0.001
+    """Initial (or fixed) KL coefficient beta."""
+    target_kl: float = 0.1
+    """Adaptive controller target."""
+    kl_horizon: int = 10000
+    """Adaptive controller horizon."""
+    dynamic_sampling: bool = False
+    """DAPO: drop groups whose rewards are all equal; regenerate until the batch is full."""
+    max_gen_rounds: int = 4
+    """Dynamic sampling: cap on generation rounds per step."""
+    overlong_filter: bool = False
+    """DAPO: mask truncated responses (no EOS) out of the loss."""
+    overlong_buffer_len: int = 0
+    """DAPO soft overlong punishment buffer (0 disables)."""
+    overlong_penalty_factor: float = 1.0
+    """DAPO soft overlong punishment at the maximum length."""
+    value_pretrain_steps: int = 0
+    """VAPO: steps training only the critic (policy frozen) on lambda=1 returns first."""
+
+
+@dataclass
+class RewardConfig:
+    functions: list = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
+    """Reward functions: [{name: built-in | module:fn | file.py:fn, weight: float}]."""
+    reward_model_path: Optional[str] = None
+    """Sequence-classification reward model folder; its score is added to the functions'."""
+    num_workers: int = 0
+    """Processes scoring in parallel (0 = in the trainer process)."""
+    timeout_s: float = 10.0
+    """Per-call timeout for a reward function."""
+    default_score: float = 0.0
+    """Score given when a function raises or times out."""
+    max_error_rate: float = 0.5
+    """Stop the run when more than this fraction of a batch's calls fail."""
+
+
+@dataclass
+class TrainerConfig:
+    total_steps: int = 20
+    """Training steps (one rollout batch each)."""
+    seed: int = 1
+    """Global seed (torch, numpy, random)."""
+    device: str = "auto"
+    """cpu, cuda or auto."""
+    backend: str = "local"
+    """local (workers in this process) or ray."""
+    nnodes: int = 1
+    """Ray: nodes."""
+    devices_per_node: int = 1
+    """Ray: data-parallel workers per node."""
+    run_dir: str = "runs/default"
+    """Run directory: config, metrics, checkpoints, export, report."""
+    save_every: int = 0
+    """Checkpoint every k steps (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
+    val_every: int = 0
+    """Validate every k steps (0: only before and after training)."""
+    val_before_train: bool = True
+    """Validate once before the first step."""
+    pass_k: list = field(default_factory=lambda: [1, 4])
+    """k values of the unbiased pass@k estimator in validation."""
+    loggers: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    """console, jsonl, tensorboard, wandb, mlflow."""
+    export_hf: bool = True
+    """Write the final actor as a from_pretrained-loadable folder in run_dir/hf."""
+    report: bool = True
+    """Render the run report (plots + HTML) at the end."""
+    progress: bool = True
+    """Show a progress bar."""
+
+
+@dataclass
+class RLConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    critic: CriticConfig = field(default_factory=CriticConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    derived: dict = field(default_factory=dict)
+    """Filled by validate(): values computed from the others (not for users to set)."""
+
+    def to_dict(self) -> dict[str, Any]:
+        from dataclasses import asdict
+
+        return asdict(self)

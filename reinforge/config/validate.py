@@ -1,0 +1,107 @@
+"""Derive and check an RL config in one place, before any model loads.
+
+Each rule fails with one ConfigError naming the keys involved and the rule broken.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from reinforge.config.load import ConfigError
+from reinforge.config.schema import RLConfig
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def _check_name(value: str, valid, key: str) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}={value!r} is not known; valid: {sorted(valid)}")
+
+
+def resolve_device(device: str) -> str:
+    import torch
+
+    if device == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    if device.startswith("cuda") and not torch.cuda.is_available():
+        raise ConfigError(f"trainer.device={device!r} but no CUDA device is available")
+    return device
+
+
+def model_max_positions(model_path: str) -> int | None:
+    cfg = Path(model_path) / "config.json"
+    if not cfg.exists():
+        return None
+    return json.loads(cfg.read_text()).get("max_position_embeddings")
+
+
+def check_model_path(path: str, key: str) -> None:
+    _need(bool(path), f"{key} is required (a local Hugging Face model folder)")
+    _need(Path(path).is_dir(), f"{key}={path!r}: no such folder")
+    _need((Path(path) / "config.json").exists(), f"{key}={path!r}: not a Hugging Face model folder (no config.json)")
+
+
+def check_batch_sizes(batch: int, mini: int, micro: int, section: str) -> int:
+    """Returns the effective mini-batch size (0 means the whole batch)."""
+    mini = mini or batch
+    _need(mini > 0 and batch % mini == 0,
+          f"{section}.mini_batch_size={mini} must divide the batch of data.train_batch_size * rollout.n = {batch}")
+    _need(micro > 0 and mini % micro == 0,
+          f"{section}.micro_batch_size={micro} must divide {section}.mini_batch_size={mini}")
+    return mini
+
+
+def validate(cfg: RLConfig) -> RLConfig:
+    """Check `cfg` and fill `cfg.derived`. Returns the same object."""
+    from reinforge.algos import advantages, aggregation, kl, policy_loss
+
+    a, r, act, crit = cfg.algorithm, cfg.rollout, cfg.actor, cfg.critic
+    check_model_path(cfg.model.path, "model.path")
+    _need(bool(cfg.data.train_files), "data.train_files is empty: give at least one parquet/JSONL file")
+    for f in list(cfg.data.train_files) + list(cfg.data.val_files):
+        _need(Path(f).exists(), f"data file {f!r} does not exist")
+    _check_name(a.adv_estimator, advantages.ADVANTAGE_ESTIMATORS, "algorithm.adv_estimator")
+    _check_name(act.policy_loss, policy_loss.POLICY_LOSSES, "actor.policy_loss")
+    _check_name(act.loss_agg_mode, aggregation.AGG_MODES, "actor.loss_agg_mode")
+    _check_name(crit.loss_agg_mode, aggregation.AGG_MODES, "critic.loss_agg_mode")
+    _check_name(act.kl_loss_type, kl.KL_ESTIMATORS, "actor.kl_loss_type")
+    _check_name(a.kl_penalty, kl.KL_ESTIMATORS, "algorithm.kl_penalty")
+    _check_name(a.kl_ctrl, ("fixed", "adaptive"), "algorithm.kl_ctrl")
+    _check_name(r.backend, ("hf", "vllm"), "rollout.backend")
+    _check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
+    _check_name(cfg.data.overlong_prompt, ("error", "skip", "truncate_left"), "data.overlong_prompt")
+    _need(r.n >= 1, f"rollout.n={r.n} must be >= 1")
+    if a.adv_estimator in advantages.NEEDS_GROUPS:
+        _need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "
+                        f"rollout.n={r.n} must be >= 2")
+    _need(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (greedy is used for validation)")
+    _need(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
+    _need(act.clip_low >= 0 and act.clip_high >= 0, "actor.clip_low and actor.clip_high must be >= 0")
+    _need(act.clip_c is None or act.clip_c > 1, f"actor.clip_c={act.clip_c} must be > 1 (dual clip) or null")
+    max_pos = model_max_positions(cfg.model.path)
+    total = cfg.data.max_prompt_length + r.max_response_length
+    _need(max_pos is None or total <= max_pos,
+          f"data.max_prompt_length + rollout.max_response_length = {total} exceeds the model's "
+          f"max_position_embeddings = {max_pos}")
+    batch = cfg.data.train_batch_size * r.n
+    d = cfg.derived
+    d["batch_size"] = batch
+    d["actor_mini_batch_size"] = check_batch_sizes(batch, act.mini_batch_size, act.micro_batch_size, "actor")
+    d["critic_enabled"] = a.adv_estimator in advantages.NEEDS_VALUES or a.value_pretrain_steps > 0
+    if d["critic_enabled"]:
+        d["critic_mini_batch_size"] = check_batch_sizes(batch, crit.mini_batch_size, crit.micro_batch_size, "critic")
+        if crit.model_path:
+            check_model_path(crit.model_path, "critic.model_path")
+    d["reference_enabled"] = bool(act.use_kl_loss or a.use_kl_in_reward)
+    d["loss_norm_const"] = act.loss_norm_const or r.max_response_length
+    d["device"] = resolve_device(cfg.trainer.device)
+    if r.backend == "vllm":
+        from reinforge.workers.rollout import check_vllm_available
+
+        check_vllm_available(d["device"])
+    _need(bool(cfg.reward.functions) or cfg.reward.reward_model_path,
+          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
+    return cfg

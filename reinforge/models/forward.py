@@ -1,0 +1,64 @@
+"""Forward passes that every worker shares: response log-probs (+ entropy) and values.
+
+Shapes: B sequences, L = P + T tokens (left-padded prompt, right-padded response), H hidden,
+V vocabulary. Position ids always come from the attention mask, so RoPE sees each token's true
+position however much padding the batch has (seed 004): a response's log-probs do not depend
+on its neighbours in the batch.
+"""
+from __future__ import annotations
+
+import torch
+
+from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
+from reinforge.algos.logprobs import entropy_from_logits, logprobs_from_logits
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
+    """(B, L) 0/1 mask -> (B, L) positions: 0 at the first real token, clamped to 0 on left pads."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def _lm_parts(model):
+    """(backbone, lm_head) of a causal LM, looking through a PEFT wrapper."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return inner.base_model if hasattr(inner, "base_model") else inner.model, inner.get_output_embeddings()
+
+
+def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
+                      temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
+                      chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of the last `response_len` tokens of `input_ids` under `model`.
+
+    input_ids, attention_mask: (B, L). Returns log_probs (B, T) and entropy (B, T) or None.
+    The fused path runs the backbone, then computes log-probs from hidden states in chunks of
+    tokens, so the (B*T, V) logits never exist at once, forward or backward.
+    """
+    T = response_len
+    labels = input_ids[:, -T:]  # (B, T)
+    pos = position_ids_from_mask(attention_mask)
+    backbone, head = _lm_parts(model)
+    if fused and getattr(head, "bias", None) is None:
+        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                          use_cache=False).last_hidden_state[:, -T - 1:-1]  # (B, T, H)
+        B, _, H = hidden.shape
+        logp, ent = fused_logprobs_from_hidden(hidden.reshape(B * T, H), head.weight, labels.reshape(-1),
+                                               temperature=temperature, chunk_size=chunk_size,
+                                               return_entropy=with_entropy)
+        return logp.view(B, T), (ent.view(B, T) if ent is not None else None)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                   use_cache=False).logits[:, -T - 1:-1]  # (B, T, V)
+    logp = logprobs_from_logits(logits, labels, temperature=temperature)
+    ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
+    return logp, ent
+
+
+def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
+    """Values V(s_t) of the states before each response token: (B, L) -> (B, T).
+
+    The value of the state that chooses token t is read at the position of token t-1, the same
+    shift as the log-probs.
+    """
+    T = response_len
+    out = critic(input_ids=input_ids, attention_mask=attention_mask,
+                 position_ids=position_ids_from_mask(attention_mask), use_cache=False)
+    return out.logits[:, -T - 1:-1, 0].float()

@@ -1,0 +1,116 @@
+"""Load Hugging Face models and tokenizers from local folders: the actor (causal LM), its frozen
+reference copy, the critic (the same backbone as a token classifier with one label, seed 000),
+and a sequence-classification reward model.
+
+Nothing is downloaded: every path must be a local folder (`local_files_only=True`).
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import (
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoModelForSequenceClassification,
+    AutoModelForTokenClassification,
+    AutoTokenizer,
+    PreTrainedModel,
+)
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer folder that cannot be used."""
+
+
+def resolve_dtype(name: str, device: str) -> torch.dtype:
+    """`auto` is fp32 on CPU (bf16 matmuls are slow there) and bf16 on GPU."""
+    if name == "auto":
+        return torch.bfloat16 if str(device).startswith("cuda") else torch.float32
+    if name not in DTYPES:
+        raise ModelLoadError(f"model.dtype={name!r} is not known; valid: {['auto', *DTYPES]}")
+    return DTYPES[name]
+
+
+def _check_folder(path: str) -> None:
+    if not path or not Path(path).is_dir():
+        raise ModelLoadError(f"model folder {path!r} does not exist")
+    if not (Path(path) / "config.json").exists():
+        raise ModelLoadError(f"{path!r} is not a Hugging Face model folder (no config.json)")
+
+
+def load_tokenizer(path: str, trust_remote_code: bool = False):
+    """Tokenizer with a pad token (EOS when the model has none) and left padding for generation."""
+    if not path or not Path(path).is_dir():
+        raise ModelLoadError(f"tokenizer folder {path!r} does not exist")
+    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+    if tok.pad_token_id is None:
+        if tok.eos_token_id is None:
+            raise ModelLoadError(f"tokenizer at {path!r} has neither a pad nor an EOS token")
+        tok.pad_token = tok.eos_token
+    tok.padding_side = "left"
+    return tok
+
+
+def _finish(model: PreTrainedModel, device: str, gradient_checkpointing: bool, train: bool) -> PreTrainedModel:
+    model.to(device)
+    if gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    model.train(train)
+    if not train:
+        model.requires_grad_(False)
+    return model
+
+
+def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool = False,
+                   trust_remote_code: bool = False, attn_implementation: str = "sdpa",
+                   train: bool = True) -> PreTrainedModel:
+    """Actor (train=True) or reference (train=False: eval mode, no gradients)."""
+    _check_folder(path)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation, local_files_only=True)
+    return _finish(model, device, gradient_checkpointing and train, train)
+
+
+def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool = False,
+                trust_remote_code: bool = False, attn_implementation: str = "sdpa",
+                reinit_head: bool = False) -> PreTrainedModel:
+    """The value model: `<Arch>ForTokenClassification` with one label on the backbone at `path`.
+
+    From a causal LM (SFT policy) the backbone is copied and the value head is new. From a reward
+    model (`<Arch>ForSequenceClassification`, one label) the head is kept too, unless
+    `reinit_head`: the RM already maps the last hidden state to a scalar on the reward's scale,
+    which is a better start for a value than a random head (seed 004, critic initialisation).
+    """
+    _check_folder(path)
+    config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+    arch = (config.architectures or [""])[0]
+    from_rm = arch.endswith("ForSequenceClassification") and not reinit_head
+    config.num_labels = 1
+    config.classifier_dropout = 0.0  # dropout on values makes targets noisy; the critic wants none
+    # A sequence-classification head has no bias; match it so the RM's head loads as the value head.
+    config.token_classification_bias = not from_rm
+    model = AutoModelForTokenClassification.from_pretrained(
+        path, config=config, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
+        attn_implementation=attn_implementation, local_files_only=True, ignore_mismatched_sizes=True)
+    if not from_rm:
+        # A small head keeps the initial values near zero, so early advantages are not dominated
+        # by a random value function.
+        torch.nn.init.normal_(model.score.weight, std=1e-3)
+        if model.score.bias is not None:
+            torch.nn.init.zeros_(model.score.bias)
+    return _finish(model, device, gradient_checkpointing, True)
+
+
+def load_reward_model(path: str, *, dtype: str = "auto", device: str = "cpu",
+                      trust_remote_code: bool = False) -> PreTrainedModel:
+    """A frozen sequence classifier with one label (Bradley-Terry reward model)."""
+    _check_folder(path)
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
+        local_files_only=True)
+    return _finish(model, device, False, False)

@@ -1,0 +1,143 @@
+"""The actor: log-probs of the rollout policy, and the clipped policy-gradient update.
+
+`update` runs ppo_epochs x mini-batches x micro-batches. Each micro-batch loss is aggregated
+with the *mini-batch's* token and sequence counts, so the accumulated gradient equals the
+gradient of the mini-batch loss exactly, whatever the micro-batch size.
+"""
+from __future__ import annotations
+
+import torch
+
+from reinforge.algos.aggregation import agg_denominators, agg_loss
+from reinforge.algos.kl import kl_penalty
+from reinforge.algos.masked import masked_mean
+from reinforge.algos.policy_loss import get_policy_loss
+from reinforge.config.schema import ActorConfig, ModelConfig
+from reinforge.models.forward import response_logprobs
+from reinforge.protocol import Batch
+from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
+
+
+class MetricSum:
+    """Weighted sums of metric tensors, read out as floats once per update (one sync).
+
+    Weights are chosen so that each mini-batch contributes a total weight of one; `result`
+    divides by the number of mini-batches.
+    """
+
+    def __init__(self):
+        self.sums: dict[str, torch.Tensor] = {}
+
+    def add(self, metrics: dict[str, torch.Tensor], weight: float) -> None:
+        for k, v in metrics.items():
+            self.sums[k] = self.sums.get(k, 0.0) + v.detach().float() * weight
+
+    def result(self, prefix: str, count: int) -> dict[str, float]:
+        return {f"{prefix}{k}": float(v) / max(count, 1) for k, v in self.sums.items()}
+
+
+class ActorWorker:
+    def __init__(self, model, cfg: ActorConfig, model_cfg: ModelConfig, *, total_steps: int,
+                 mini_batch_size: int, loss_norm_const: float, seed: int):
+        self.model, self.cfg, self.mcfg = model, cfg, model_cfg
+        self.mini_batch_size, self.loss_norm_const = mini_batch_size, loss_norm_const
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = make_optimizer(self.params, cfg.lr, cfg.weight_decay, cfg.betas)
+        self.sched = make_scheduler(self.opt, cfg.warmup_steps, total_steps, cfg.lr_schedule)
+        self.loss_fn = get_policy_loss(cfg.policy_loss)
+        self.gen = torch.Generator().manual_seed(seed)
+        self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
+
+    def _forward(self, mb: Batch, temperature: float, with_entropy: bool):
+        T = mb["responses"].shape[1]
+        return response_logprobs(self.model, mb["input_ids"], mb["attention_mask"], T, temperature=temperature,
+                                 with_entropy=with_entropy, fused=self.mcfg.fused_logprobs,
+                                 chunk_size=self.mcfg.logprob_chunk_size)
+
+    @torch.no_grad()
+    def log_probs(self, batch: Batch, *, with_entropy: bool = True) -> Batch:
+        """-> old_log_probs (B, T) and, optionally, entropy (B, T)."""
+        temperature = batch.meta.get("temperature", 1.0)
+        was_training = self.model.training
+        self.model.eval()
+        logps, ents = [], []
+        for mb in batch.split(self.cfg.micro_batch_size):
+            lp, ent = self._forward(mb, temperature, with_entropy)
+            logps.append(lp.float())
+            ents.append(ent.float() if ent is not None else None)
+        self.model.train(was_training)
+        out = {"old_log_probs": torch.cat(logps)}
+        if with_entropy:
+            out["entropy"] = torch.cat(ents)
+        return Batch(out)
+
+    def _micro_loss(self, mb: Batch, denom: dict, temperature: float) -> tuple[torch.Tensor, dict]:
+        c = self.cfg
+        mask = mb["loss_mask"] if "loss_mask" in mb else mb["response_mask"]
+        mask = mask.float()
+        need_entropy = c.entropy_coeff != 0
+        log_probs, entropy = self._forward(mb, temperature, need_entropy)
+        loss_mat, m = self.loss_fn(log_probs, mb["old_log_probs"], mb["advantages"], mask,
+                                   clip_low=c.clip_low, clip_high=c.clip_high, clip_c=c.clip_c)
+        agg = dict(num_tokens=denom["num_tokens"], num_seqs=denom["num_seqs"], norm_const=self.loss_norm_const)
+        pg_loss = agg_loss(loss_mat, mask, c.loss_agg_mode, **agg)
+        loss = pg_loss
+        metrics = {"pg_loss": pg_loss, **m}
+        if need_entropy:
+            ent_loss = agg_loss(entropy, mask, c.loss_agg_mode, **agg)
+            loss = loss - c.entropy_coeff * ent_loss
+            metrics["entropy_loss"] = ent_loss
+        if c.use_kl_loss:
+            kld = kl_penalty(log_probs, mb["ref_log_probs"], c.kl_loss_type)
+            kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **agg)
+            loss = loss + c.kl_loss_coef * kl_loss
+            metrics["kl_loss"] = kl_loss
+        return loss, metrics
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """One training step's actor update. Returns `actor/...` metrics."""
+        temperature = batch.meta.get("temperature", 1.0)
+        sums, nonfinite, n_mini = MetricSum(), 0, 0
+        self.model.train()
+        for mini in mini_batches(batch, self.mini_batch_size, self.cfg.ppo_epochs, self.cfg.shuffle, self.gen):
+            mask = mini["loss_mask"] if "loss_mask" in mini else mini["response_mask"]
+            denom = agg_denominators(mask.float())
+            n_mini += 1
+            finite = True
+            for mb in mini.split(self.cfg.micro_batch_size):
+                loss, m = self._micro_loss(mb, denom, temperature)
+                if not torch.isfinite(loss):
+                    finite = False
+                    break
+                loss.backward()
+                # Loss-like metrics add up over micro-batches (they were normalised by the
+                # mini-batch counts); ratios are token-weighted within the mini-batch.
+                share = float(mb["response_mask"].sum()) / max(float(mini["response_mask"].sum()), 1.0)
+                sums.add({k: v for k, v in m.items() if k.endswith("loss")}, 1.0)
+                sums.add({k: v for k, v in m.items() if not k.endswith("loss")}, share)
+            if finite:
+                grad_norm, finite = clip_and_step(self.params, self.opt, self.cfg.grad_clip)
+                sums.add({"grad_norm": grad_norm}, 1.0)
+            else:
+                self.opt.zero_grad(set_to_none=True)
+            nonfinite += not finite
+            self.guard.record(finite)
+        self.sched.step()
+        out = sums.result("actor/", n_mini)
+        out["actor/lr"] = self.sched.get_last_lr()[0]
+        out["actor/nonfinite_skipped"] = float(nonfinite)
+        return out
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                "generator": self.gen.get_state(), "guard": (self.guard.in_a_row, self.guard.total)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.gen.set_state(state["generator"])
+        self.guard.in_a_row, self.guard.total = state["guard"]
+
+
+def masked_entropy_mean(batch: Batch) -> float:
+    return float(masked_mean(batch["entropy"], batch["response_mask"].float()))

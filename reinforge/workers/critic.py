@@ -1,0 +1,70 @@
+"""The critic: values V(s_t) for every response token, and the clipped value-loss update."""
+from __future__ import annotations
+
+import torch
+
+from reinforge.algos.aggregation import agg_denominators
+from reinforge.algos.value_loss import clipped_value_loss, explained_variance
+from reinforge.config.schema import CriticConfig
+from reinforge.models.forward import response_values
+from reinforge.protocol import Batch
+from reinforge.workers.actor import MetricSum
+from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
+
+
+class CriticWorker:
+    def __init__(self, model, cfg: CriticConfig, *, total_steps: int, mini_batch_size: int, seed: int):
+        self.model, self.cfg, self.mini_batch_size = model, cfg, mini_batch_size
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.opt = make_optimizer(self.params, cfg.lr, cfg.weight_decay)
+        self.sched = make_scheduler(self.opt, cfg.warmup_steps, total_steps, "constant")
+        self.gen = torch.Generator().manual_seed(seed + 1)
+        self.guard = NonFiniteGuard(3, "critic")
+
+    def _values(self, mb: Batch) -> torch.Tensor:
+        return response_values(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1])
+
+    @torch.no_grad()
+    def values(self, batch: Batch) -> Batch:
+        """-> values (B, T): the critic's estimate before each response token."""
+        self.model.eval()
+        vals = torch.cat([self._values(mb) for mb in batch.split(self.cfg.micro_batch_size)])
+        self.model.train()
+        return Batch({"values": vals * batch["response_mask"]})
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        """Regress values on `returns` with the clipped loss. Returns `critic/...` metrics."""
+        c = self.cfg
+        sums, n_mini = MetricSum(), 0
+        self.model.train()
+        for mini in mini_batches(batch, self.mini_batch_size, c.ppo_epochs, True, self.gen):
+            mask = mini["response_mask"].float()
+            denom = agg_denominators(mask)
+            n_mini += 1
+            for mb in mini.split(c.micro_batch_size):
+                m_mask = mb["response_mask"].float()
+                vpreds = self._values(mb)
+                loss, m = clipped_value_loss(vpreds, mb["values"], mb["returns"], m_mask, c.cliprange_value,
+                                             c.loss_agg_mode, num_tokens=denom["num_tokens"],
+                                             num_seqs=denom["num_seqs"])
+                loss.backward()
+                share = float(m_mask.sum()) / max(float(mask.sum()), 1.0)
+                ev = explained_variance(vpreds.detach(), mb["returns"], m_mask)
+                sums.add({"vf_loss": loss}, 1.0)
+                sums.add({**m, "vf_explained_var": ev, "vpred_mean": (vpreds.detach() * m_mask).sum() / m_mask.sum().clamp(min=1)}, share)
+            grad_norm, ok = clip_and_step(self.params, self.opt, c.grad_clip)
+            self.guard.record(ok)
+            sums.add({"grad_norm": grad_norm}, 1.0)
+        self.sched.step()
+        out = sums.result("critic/", n_mini)
+        out["critic/lr"] = self.sched.get_last_lr()[0]
+        return out
+
+    def state_dict(self) -> dict:
+        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+                "generator": self.gen.get_state()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.gen.set_state(state["generator"])

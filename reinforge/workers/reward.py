@@ -1,0 +1,70 @@
+"""The reward worker: decode responses, score them, and place each score on the last valid token.
+
+Rule-based functions go through `reinforge.rewards.RewardManager` (worker pool, timeouts, error
+counting); a reward model adds its score; DAPO's soft overlong punishment is added when enabled.
+"""
+from __future__ import annotations
+
+import torch
+
+from reinforge.algos.overlong import soft_overlong_penalty
+from reinforge.config.schema import AlgorithmConfig, RewardConfig
+from reinforge.protocol import Batch
+
+
+def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
+    """(B, T) ids -> text of the valid tokens, special tokens (EOS) dropped."""
+    return [tokenizer.decode(r[m.bool()].tolist(), skip_special_tokens=True) for r, m in zip(responses, response_mask)]
+
+
+def scores_to_tokens(scores: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+    """(B,) sequence scores -> (B, T) with each score on the sequence's last valid token."""
+    out = torch.zeros(response_mask.shape, dtype=torch.float32)
+    last = (response_mask.long().cumsum(-1).argmax(-1))  # index of the last 1 (0 for an empty row)
+    out[torch.arange(len(scores)), last] = scores.float()
+    return out * response_mask
+
+
+class RewardWorker:
+    def __init__(self, tokenizer, cfg: RewardConfig, algo: AlgorithmConfig, *, max_response_length: int,
+                 device: str = "cpu"):
+        from reinforge.rewards import RewardManager
+
+        self.tok, self.cfg, self.algo, self.T = tokenizer, cfg, algo, max_response_length
+        specs = [(f["name"], float(f.get("weight", 1.0))) for f in cfg.functions]
+        self.manager = RewardManager(specs, num_workers=cfg.num_workers, timeout_s=cfg.timeout_s,
+                                     default_score=cfg.default_score, max_error_rate=cfg.max_error_rate) if specs else None
+        self.rm = None
+        if cfg.reward_model_path:
+            from reinforge.rewards import RewardModelScorer
+
+            self.rm = RewardModelScorer(cfg.reward_model_path, tokenizer, device=device)
+
+    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
+        """-> token_level_scores (B, T), acc (B,) in {0, 1} and response_text; plus reward metrics."""
+        texts = decode_responses(self.tok, batch["responses"], batch["response_mask"])
+        prompts = batch["prompt_text"]
+        scores = torch.zeros(len(batch))
+        metrics: dict[str, float] = {}
+        if self.manager is not None:
+            s, metrics = self.manager.score(prompts, texts, batch["ground_truth"], batch["extra"])
+            scores += torch.as_tensor(s, dtype=torch.float32)
+        # Correctness is the rule-based score before shaping terms, so length-vs-correctness
+        # diagnostics are not confused by penalties.
+        acc = (scores > 0.5).float()
+        if self.rm is not None:
+            rm_scores = torch.as_tensor(self.rm.score(prompts, texts), dtype=torch.float32)
+            scores += rm_scores
+            metrics["reward/rm_score_mean"] = float(rm_scores.mean())
+        if self.algo.overlong_buffer_len > 0:
+            pen = soft_overlong_penalty(batch["response_mask"].sum(-1).float(), self.T, self.algo.overlong_buffer_len,
+                                        self.algo.overlong_penalty_factor)
+            scores += pen
+            metrics["reward/overlong_penalty_mean"] = float(pen.mean())
+        out = Batch({"token_level_scores": scores_to_tokens(scores, batch["response_mask"]), "acc": acc,
+                     "seq_scores": scores}, {"response_text": texts})
+        return out, metrics
+
+    def close(self) -> None:
+        if self.manager is not None:
+            self.manager.close()

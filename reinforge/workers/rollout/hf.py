@@ -1,0 +1,103 @@
+"""Rollout with transformers' `generate` (KV cache), in the trainer's process.
+
+Prompts are left-padded to P = data.max_prompt_length and responses right-padded to
+T = rollout.max_response_length, so batches from several generation rounds concatenate.
+The actor's module is used directly, so there are no weights to sync.
+"""
+from __future__ import annotations
+
+import torch
+from transformers import GenerationConfig
+
+from reinforge.models.forward import position_ids_from_mask
+from reinforge.protocol import Batch
+
+
+def left_pad(seqs: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token lists -> ids (B, length) and mask (B, length), left-padded."""
+    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), length), dtype=torch.long)
+    for i, s in enumerate(seqs):
+        if len(s) > length:
+            raise ValueError(f"prompt of {len(s)} tokens exceeds data.max_prompt_length={length}")
+        if s:
+            ids[i, length - len(s):] = torch.as_tensor(s)
+            mask[i, length - len(s):] = 1
+    return ids, mask
+
+
+def response_mask_from_eos(responses: torch.Tensor, eos_ids: list[int], lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T) generated ids -> mask up to and including the first EOS, and `truncated` (B,) bool.
+
+    `lengths` (B,) is how many tokens each row really generated (beyond is padding). A row with
+    no EOS keeps all its generated tokens and is marked truncated.
+    """
+    B, T = responses.shape
+    pos = torch.arange(T).expand(B, T)
+    is_eos = torch.isin(responses, torch.as_tensor(eos_ids)) & (pos < lengths[:, None])
+    has_eos = is_eos.any(-1)
+    first = torch.where(has_eos, is_eos.float().argmax(-1), lengths - 1)  # index of the last kept token
+    mask = (pos <= first[:, None]).long()
+    return mask, ~has_eos
+
+
+class HFRollout:
+    """`generate(prompts)` -> a Batch of n samples per prompt, interleaved, with group ids."""
+
+    def __init__(self, model, tokenizer, *, max_prompt_length: int, max_response_length: int,
+                 micro_batch_size: int = 256, top_p: float = 1.0, top_k: int = 0):
+        self.model, self.tok = model, tokenizer
+        self.P, self.T = max_prompt_length, max_response_length
+        self.micro_batch_size, self.top_p, self.top_k = micro_batch_size, top_p, top_k
+        eos = tokenizer.eos_token_id
+        gen_eos = getattr(model.generation_config, "eos_token_id", None)
+        self.eos_ids = sorted({eos} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []))
+
+    def _gen_config(self, n: int, temperature: float, greedy: bool) -> GenerationConfig:
+        kw = dict(max_new_tokens=self.T, num_return_sequences=n, pad_token_id=self.tok.pad_token_id,
+                  eos_token_id=self.eos_ids, use_cache=True)
+        if greedy:
+            return GenerationConfig(do_sample=False, **kw)
+        return GenerationConfig(do_sample=True, temperature=temperature, top_p=self.top_p,
+                                top_k=self.top_k or None, **kw)
+
+    @torch.no_grad()
+    def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig) -> torch.Tensor:
+        """(B0, P) -> responses (B0 * n, T), padded with pad_token_id."""
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            out = self.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
+                                      generation_config=cfg)
+        finally:
+            self.model.train(was_training)
+        resp = out[:, self.P:].cpu()
+        if resp.shape[1] < self.T:
+            pad = torch.full((resp.shape[0], self.T - resp.shape[1]), self.tok.pad_token_id, dtype=resp.dtype)
+            resp = torch.cat([resp, pad], dim=1)
+        return resp
+
+    def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
+        """prompts: non-tensor `prompt_ids` (token lists) and `uid` (B0,) int64 plus any per-prompt
+        fields, which are repeated. Returns B = B0 * n rows with prompts (B, P), responses (B, T),
+        input_ids / attention_mask / position_ids (B, P+T), response_mask (B, T), group_ids (B,),
+        truncated (B,) bool and response_length (B,)."""
+        ids, mask = left_pad(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
+        cfg = self._gen_config(n, temperature, greedy)
+        step = max(1, self.micro_batch_size // n)
+        resp = torch.cat([self._generate_ids(ids[i:i + step], mask[i:i + step], cfg)
+                          for i in range(0, len(ids), step)])  # (B, T)
+        # generate() pads a row only after it emitted EOS, and a row without EOS ran to T tokens,
+        # so every position up to the first EOS (or all T) was really generated.
+        response_mask, truncated = response_mask_from_eos(resp, self.eos_ids, torch.full((len(resp),), self.T))
+        rows = prompts.repeat(n)
+        p_ids, p_mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
+        attention_mask = torch.cat([p_mask, response_mask], dim=1)
+        input_ids = torch.cat([p_ids, resp], dim=1)
+        out = Batch({
+            "prompts": p_ids, "responses": resp, "input_ids": input_ids, "attention_mask": attention_mask,
+            "position_ids": position_ids_from_mask(attention_mask), "response_mask": response_mask,
+            "group_ids": rows["uid"], "truncated": truncated, "response_length": response_mask.sum(-1),
+        }, dict(rows.non_tensors), {"temperature": 1.0 if greedy else temperature})
+        return out | rows.select([k for k in rows.tensors if k != "uid"])
