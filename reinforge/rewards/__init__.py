@@ -1,0 +1,24 @@
+"""Reward functions and the manager that runs them.
+
+A reward function is fn(prompt: str, response: str, ground_truth, **extra) -> float | dict
+(a dict has "score"; its other numeric keys are logged as reward/<key>). A batched one has
+`fn.batched = True` and maps (prompts, responses, ground_truths, extras) -> list.
+"""
+
+from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward, soft_overlong_punishment
+from reinforge.rewards.manager import RewardError, RewardManager
+from reinforge.rewards.registry import BUILTIN_REWARDS, load_reward_fn
+
+__all__ = [
+    "BUILTIN_REWARDS", "load_reward_fn", "RewardManager", "RewardError", "RewardModelScorer",
+    "exact_match", "format_reward", "math_verify_reward", "soft_overlong_punishment",
+]
+
+
+def __getattr__(name):
+    # The scorer imports torch; keep `import reinforge.rewards` light for reward worker processes.
+    if name == "RewardModelScorer":
+        from reinforge.rewards.reward_model import RewardModelScorer
+
+        return RewardModelScorer
+    raise AttributeError(name)

@@ -1,0 +1,113 @@
+"""Built-in synthetic tasks with verifiable answers, reproducible from a seed.
+
+    task = get_task("arithmetic", digits=2)
+    paths = make_task_data("arithmetic", "data/arith", n_train=2000, n_test=200, n_sft=2000, seed=0)
+    # -> {"train": .../train.parquet, "test": ..., "sft": ..., "prefs": ..., "meta": .../task.json}
+
+RL rows follow veRL's schema with a plain-text prompt: data_source, prompt, ability,
+reward_model {"style": "rule", "ground_truth"}, extra_info {"split", "index"}.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from typing import Callable
+
+from reinforge.data.io import write_rows
+from reinforge.tasks.arithmetic import make_arithmetic, score_arithmetic
+from reinforge.tasks.base import Example, Task
+from reinforge.tasks.countdown import make_countdown, score_countdown
+
+TASKS: dict[str, Callable[..., Task]] = {"arithmetic": make_arithmetic, "countdown": make_countdown}
+
+__all__ = [
+    "TASKS", "Task", "Example", "get_task", "make_task_data", "build_char_tokenizer",
+    "score_arithmetic", "score_countdown",
+]
+
+
+def build_char_tokenizer(save_dir: str | None = None):
+    """See reinforge.tasks.tokenizer; imported on use so reward workers need not load transformers."""
+    from reinforge.tasks.tokenizer import build_char_tokenizer as build
+
+    return build(save_dir)
+
+
+def get_task(name: str, **task_kwargs) -> Task:
+    """Build the task `name` with its options; unknown names list the valid ones."""
+    if name not in TASKS:
+        raise ValueError(f"unknown task '{name}'; available: {', '.join(sorted(TASKS))}")
+    return TASKS[name](**task_kwargs)
+
+
+def _draw_unique(task: Task, rng: random.Random, n: int, exclude: set[str]) -> list[Example]:
+    """`n` examples with distinct prompts not in `exclude`, drawn in rng order."""
+    seen, out = set(exclude), []
+    attempts = 0
+    while len(out) < n:
+        attempts += 1
+        if attempts > 100 * n + 10_000:
+            raise ValueError(f"{task.name}: could not draw {n} distinct prompts; the task space is too small")
+        ex = task.sample(rng)
+        if ex.prompt not in seen:
+            seen.add(ex.prompt)
+            out.append(ex)
+    return out
+
+
+def _rl_row(task: Task, ex: Example, split: str, index: int) -> dict:
+    return {
+        "data_source": task.name,
+        "prompt": ex.prompt,
+        "ability": task.ability,
+        "reward_model": {"style": "rule", "ground_truth": ex.ground_truth},
+        "extra_info": {"split": split, "index": index},
+    }
+
+
+def make_task_data(
+    name: str, out_dir: str, *, n_train: int = 2000, n_test: int = 200, n_sft: int = 2000, seed: int = 0, **task_kwargs
+) -> dict[str, str]:
+    """Write train/test/sft/prefs parquet files (and task.json) for a built-in task.
+
+    The test prompts are disjoint from train and SFT prompts; train and SFT are drawn
+    independently from the remaining prompts (they may overlap). Preference pairs use the SFT
+    prompts: chosen is the correct answer, rejected a plausible wrong one. Same arguments, same
+    files, byte for byte in content.
+    """
+    task = get_task(name, **task_kwargs)
+    if min(n_train, n_test, n_sft) < 0:
+        raise ValueError("n_train, n_test and n_sft must be >= 0")
+    if task.size is not None and n_test + max(n_train, n_sft) > task.size:
+        raise ValueError(
+            f"{name} with {task.options} has only {task.size} distinct prompts; "
+            f"n_test + max(n_train, n_sft) = {n_test + max(n_train, n_sft)} is too many"
+        )
+    rng = random.Random(f"reinforge-task:{name}:{seed}")  # str seeds hash the same in every process
+    test = _draw_unique(task, rng, n_test, set())
+    test_prompts = {ex.prompt for ex in test}
+    train = _draw_unique(task, rng, n_train, test_prompts)
+    sft = _draw_unique(task, rng, n_sft, test_prompts)
+
+    paths = {}
+    for split, examples in (("train", train), ("test", test)):
+        rows = [_rl_row(task, ex, split, i) for i, ex in enumerate(examples)]
+        paths[split] = write_rows(rows, os.path.join(out_dir, f"{split}.parquet"))
+    info = [{"split": "sft", "index": i} for i in range(len(sft))]
+    sft_rows = [
+        {"data_source": name, "prompt": ex.prompt, "response": ex.answer, "ground_truth": ex.ground_truth, "extra_info": x}
+        for ex, x in zip(sft, info)
+    ]
+    pref_rows = [
+        {"data_source": name, "prompt": ex.prompt, "chosen": ex.answer, "rejected": ex.wrong, "ground_truth": ex.ground_truth}
+        for ex in sft
+    ]
+    paths["sft"] = write_rows(sft_rows, os.path.join(out_dir, "sft.parquet"))
+    paths["prefs"] = write_rows(pref_rows, os.path.join(out_dir, "prefs.parquet"))
+    meta = {"task": name, "options": task.options, "seed": seed, "n_train": n_train, "n_test": n_test, "n_sft": n_sft}
+    paths["meta"] = os.path.join(out_dir, "task.json")
+    with open(paths["meta"], "w") as f:
+        json.dump(meta, f, indent=2)
+    return paths

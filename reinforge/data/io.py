@@ -1,0 +1,80 @@
+"""Reading and writing row files (.parquet, .jsonl, .json) with errors that name the file."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Any
+
+
+class DataError(ValueError):
+    """A dataset problem; the message names the file and, where known, the row and field."""
+
+
+def row_error(path: str, row: int, field: str, message: str) -> DataError:
+    """DataError("train.parquet: row 12: field 'prompt': <message>"); rows count from 0."""
+    return DataError(f"{os.path.basename(path)}: row {row}: field '{field}': {message}")
+
+
+def load_rows(path: str) -> list[dict[str, Any]]:
+    """All rows of a .parquet, .jsonl or .json file as plain dicts (nested values as lists/dicts).
+
+    A .json file may hold a list of objects or JSON lines. Missing or unreadable files and
+    rows that are not objects raise DataError naming the file.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise DataError(f"{path}: file not found")
+    ext = os.path.splitext(path)[1].lower()
+    try:
+        if ext == ".parquet":
+            import pyarrow.parquet as pq
+
+            rows = pq.read_table(path).to_pylist()
+        elif ext in (".jsonl", ".json"):
+            rows = _read_json(path)
+        else:
+            raise DataError(f"{path}: unsupported file type '{ext}' (use .parquet, .jsonl or .json)")
+    except DataError:
+        raise
+    except Exception as exc:  # pyarrow and the json module raise many types; name the file
+        raise DataError(f"{path}: cannot read: {type(exc).__name__}: {exc}") from exc
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{os.path.basename(path)}: row {i}: expected an object, got {type(row).__name__}")
+    return rows
+
+
+def _read_json(path: str) -> list:
+    with open(path, encoding="utf-8") as f:
+        text = f.read()
+    if path.lower().endswith(".json") and text.lstrip().startswith("["):
+        return json.loads(text)
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            rows.append(json.loads(line))
+        except json.JSONDecodeError as exc:
+            raise DataError(f"{os.path.basename(path)}: line {lineno}: invalid JSON: {exc}") from exc
+    return rows
+
+
+def write_rows(rows: list[dict[str, Any]], path: str) -> str:
+    """Write rows to .parquet or .jsonl (by extension), creating parent folders; returns path."""
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        pq.write_table(pa.Table.from_pylist(rows), path)
+    elif ext in (".jsonl", ".json"):
+        with open(path, "w", encoding="utf-8") as f:
+            for row in rows:
+                f.write(json.dumps(row, ensure_ascii=False) + "\n")
+    else:
+        raise DataError(f"{path}: unsupported file type '{ext}' (use .parquet or .jsonl)")
+    return path

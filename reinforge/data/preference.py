@@ -1,0 +1,76 @@
+"""Preference pairs (prompt/chosen/rejected) for DPO and reward-model training."""
+
+from __future__ import annotations
+
+import os
+
+from reinforge.data.io import DataError, load_rows, row_error
+from reinforge.data.sft import pad_right
+from reinforge.data.text import encode, render_prompt, response_text
+
+PREF_OVERLONG = ("error", "skip")
+
+
+class PreferenceDataset:
+    """Items {"prompt_text": str, "prompt_ids", "chosen_ids", "rejected_ids": list[int]}.
+
+    chosen/rejected may be text or message lists (TRL's conversational form: the last
+    message's content is the response). Both responses end with eos. Rows with a missing
+    field, an empty response or chosen == rejected raise DataError naming file, row and field:
+    an identical pair carries no preference and would silently give a zero DPO gradient.
+    """
+
+    def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error"):
+        if overlong not in PREF_OVERLONG:
+            raise ValueError(f"overlong must be one of {PREF_OVERLONG}, got {overlong!r}")
+        if tokenizer.eos_token_id is None:
+            raise ValueError("PreferenceDataset needs a tokenizer with an eos token")
+        self.path = os.fspath(path)
+        rows = load_rows(self.path)
+        if not rows:
+            raise DataError(f"{os.path.basename(self.path)}: no rows")
+        prompts, chosen, rejected = [], [], []
+        for i, row in enumerate(rows):
+            prompts.append(render_prompt(row.get("prompt"), tokenizer, self.path, i, "prompt"))
+            chosen.append(response_text(row.get("chosen"), self.path, i, "chosen"))
+            rejected.append(response_text(row.get("rejected"), self.path, i, "rejected"))
+            if chosen[-1].strip() == rejected[-1].strip():
+                raise row_error(self.path, i, "rejected", "identical to 'chosen'")
+        eos = tokenizer.eos_token_id
+        p_ids, c_ids, r_ids = encode(tokenizer, prompts), encode(tokenizer, chosen), encode(tokenizer, rejected)
+        self.items, self.num_skipped = [], 0
+        for i, (text, p, c, r) in enumerate(zip(prompts, p_ids, c_ids, r_ids)):
+            longest = len(p) + max(len(c), len(r)) + 1
+            if longest > max_length:
+                if overlong == "error":
+                    raise row_error(self.path, i, "chosen" if len(c) >= len(r) else "rejected",
+                                    f"prompt + response is {longest} tokens > max_length={max_length} (set overlong='skip')")
+                self.num_skipped += 1
+                continue
+            self.items.append({"prompt_text": text, "prompt_ids": p, "chosen_ids": c + [eos], "rejected_ids": r + [eos]})
+        if not self.items:
+            raise DataError(f"{os.path.basename(self.path)}: no pair fits max_length={max_length}")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, idx: int) -> dict:
+        return self.items[idx]
+
+
+def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:
+    """Chosen rows then rejected rows, right-padded: input_ids, attention_mask, loss_mask (2B, L).
+
+    Row b and row B + b are the chosen and rejected sequence of pair b; loss_mask is 1 on
+    response tokens (incl. eos), so sequence log-probs are sums over loss_mask[:, 1:].
+    """
+    seqs, masks = [], []
+    for key in ("chosen_ids", "rejected_ids"):
+        for it in items:
+            seqs.append(it["prompt_ids"] + it[key])
+            masks.append([0] * len(it["prompt_ids"]) + [1] * len(it[key]))
+    return {
+        "input_ids": pad_right(seqs, pad_id),
+        "attention_mask": pad_right([[1] * len(s) for s in seqs], 0),
+        "loss_mask": pad_right(masks, 0),
+    }

@@ -1,0 +1,96 @@
+"""RL prompt dataset: veRL's schema or TRL's simpler one, validated up front."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from reinforge.data.io import DataError, load_rows, row_error
+from reinforge.data.text import encode, render_prompt
+
+GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution")  # TRL-style, tried in this order
+OVERLONG_POLICIES = ("error", "skip", "truncate_left")
+
+
+def _ground_truth(row: dict, path: str, i: int, required: bool) -> tuple[Any, str | None]:
+    """(ground truth, the column it came from) from veRL's reward_model or a TRL column."""
+    rm = row.get("reward_model")
+    if isinstance(rm, dict) and rm.get("ground_truth") is not None:
+        gt, column = rm["ground_truth"], "reward_model"
+    else:
+        column = next((c for c in GROUND_TRUTH_COLUMNS if row.get(c) is not None), None)
+        gt = row[column] if column else None
+    if required and (gt is None or (isinstance(gt, str) and not gt.strip())):
+        field = "reward_model.ground_truth" if "reward_model" in row else "ground_truth"
+        raise row_error(path, i, field, f"missing or empty (looked in reward_model.ground_truth, {', '.join(GROUND_TRUTH_COLUMNS)})")
+    return gt, column
+
+
+class RLDataset:
+    """Prompts for RL with their ground truth, tokenized once at construction.
+
+    Items: {"prompt_text": str, "prompt_ids": list[int] (P_i,), "ground_truth": Any,
+    "data_source": str, "extra": dict, "index": int (row in the file)}.
+    `extra` holds every other column (veRL's `extra_info`, `ability`, ...) plus `data_source`,
+    and is passed to reward functions as keyword arguments.
+    Overlong prompts (> max_prompt_length tokens): "error" raises, "skip" drops and counts them
+    in `num_skipped`, "truncate_left" keeps the last max_prompt_length tokens (the end of a
+    prompt, next to where the answer starts, matters most).
+    """
+
+    def __init__(
+        self,
+        path: str,
+        tokenizer,
+        *,
+        max_prompt_length: int,
+        overlong_prompt: str = "error",
+        prompt_key: str = "prompt",
+        require_ground_truth: bool = True,
+    ):
+        if overlong_prompt not in OVERLONG_POLICIES:
+            raise ValueError(f"overlong_prompt must be one of {OVERLONG_POLICIES}, got {overlong_prompt!r}")
+        self.path = os.fspath(path)
+        rows = load_rows(self.path)
+        if not rows:
+            raise DataError(f"{os.path.basename(self.path)}: no rows")
+        default_source = os.path.splitext(os.path.basename(self.path))[0]
+        # Validate every row before tokenizing anything, so a bad row 90,000 fails in seconds.
+        texts, meta = [], []
+        for i, row in enumerate(rows):
+            texts.append(render_prompt(row.get(prompt_key), tokenizer, self.path, i, prompt_key))
+            gt, gt_col = _ground_truth(row, self.path, i, require_ground_truth)
+            source = row.get("data_source")
+            if source is not None and not isinstance(source, str):
+                raise row_error(self.path, i, "data_source", f"expected a string, got {type(source).__name__}")
+            skip = {prompt_key, "reward_model", gt_col}
+            extra = {k: v for k, v in row.items() if k not in skip}
+            extra["data_source"] = source or default_source
+            meta.append((gt, extra))
+        self.num_skipped = 0
+        self.items: list[dict] = []
+        for i, (text, ids, (gt, extra)) in enumerate(zip(texts, encode(tokenizer, texts), meta)):
+            if len(ids) > max_prompt_length:
+                if overlong_prompt == "error":
+                    raise row_error(
+                        self.path, i, prompt_key,
+                        f"prompt has {len(ids)} tokens > max_prompt_length={max_prompt_length} "
+                        "(set overlong_prompt='skip' or 'truncate_left')",
+                    )
+                if overlong_prompt == "skip":
+                    self.num_skipped += 1
+                    continue
+                ids = ids[-max_prompt_length:]
+                text = tokenizer.decode(ids)
+            self.items.append(
+                {"prompt_text": text, "prompt_ids": list(ids), "ground_truth": gt,
+                 "data_source": extra["data_source"], "extra": extra, "index": i}
+            )
+        if not self.items:
+            raise DataError(f"{os.path.basename(self.path)}: every prompt is longer than {max_prompt_length} tokens")
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, idx: int) -> dict:
+        return dict(self.items[idx])  # a copy: callers may add keys without touching the dataset

@@ -1,0 +1,61 @@
+"""Turning a row's prompt/response field (plain text or chat messages) into text and ids."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from reinforge.data.io import row_error
+
+
+def check_messages(value: Any, path: str, row: int, field: str) -> list[dict]:
+    """Validate a list of {"role": str, "content": str} messages; returns it."""
+    if not value:
+        raise row_error(path, row, field, "empty message list")
+    for j, msg in enumerate(value):
+        if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
+            raise row_error(path, row, field, f"message {j} must be a dict with string 'role' and 'content', got {msg!r:.80}")
+    return list(value)
+
+
+def render_prompt(value: Any, tokenizer, path: str, row: int, field: str) -> str:
+    """Prompt text: a string as is, or messages rendered by the tokenizer's chat template.
+
+    Messages are rendered with `add_generation_prompt=True` so the text ends where the
+    assistant's reply begins. Missing, empty or wrongly typed values raise DataError.
+    """
+    if value is None:
+        raise row_error(path, row, field, "missing")
+    if isinstance(value, str):
+        if not value.strip():
+            raise row_error(path, row, field, "empty prompt")
+        return value
+    if isinstance(value, (list, tuple)):
+        messages = check_messages(value, path, row, field)
+        if getattr(tokenizer, "chat_template", None) is None:
+            raise row_error(path, row, field, "prompt is a message list but the tokenizer has no chat template")
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    raise row_error(path, row, field, f"expected a string or a list of messages, got {type(value).__name__}")
+
+
+def response_text(value: Any, path: str, row: int, field: str) -> str:
+    """A response as text: a string, or the content of the last message of a message list."""
+    if value is None:
+        raise row_error(path, row, field, "missing")
+    if isinstance(value, (list, tuple)):
+        value = check_messages(value, path, row, field)[-1]["content"]
+    if not isinstance(value, str):
+        raise row_error(path, row, field, f"expected a string or a list of messages, got {type(value).__name__}")
+    if not value.strip():
+        raise row_error(path, row, field, "empty response")
+    return value
+
+
+def encode(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each text, without special tokens.
+
+    Special tokens are left out because a chat template already writes them (BOS included)
+    into the text; encoding them again would duplicate BOS.
+    """
+    if not texts:
+        return []
+    return tokenizer(list(texts), add_special_tokens=False)["input_ids"]

@@ -1,0 +1,73 @@
+"""Resolve a reward spec (built-in name, dotted path, or file.py:name) to a callable."""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+from typing import Callable
+
+from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward
+from reinforge.tasks.arithmetic import score_arithmetic
+from reinforge.tasks.countdown import score_countdown
+
+BUILTIN_REWARDS: dict[str, Callable] = {
+    "math_verify": math_verify_reward,
+    "exact_match": exact_match,
+    "format": format_reward,
+    "arithmetic": score_arithmetic,
+    "countdown": score_countdown,
+}
+
+
+def load_reward_fn(spec) -> Callable:
+    """A reward function from `spec`.
+
+    spec: a callable (returned as is); a built-in name (see BUILTIN_REWARDS); "path/to/file.py:name";
+    "pkg.mod:fn"; or "pkg.mod.fn". The function is fn(prompt, response, ground_truth, **extra)
+    -> float | dict with "score"; or, with attribute `batched = True`,
+    fn(prompts, responses, ground_truths, extras) -> list.
+    """
+    if callable(spec):
+        return spec
+    if not isinstance(spec, str) or not spec.strip():
+        raise ValueError(f"reward spec must be a name, 'module:fn' or 'file.py:fn', got {spec!r}")
+    spec = spec.strip()
+    if spec in BUILTIN_REWARDS:
+        return BUILTIN_REWARDS[spec]
+    module_name, sep, attr = spec.rpartition(":")
+    if not sep:
+        module_name, _, attr = spec.rpartition(".")
+    if not module_name or not attr:
+        raise ValueError(
+            f"unknown reward '{spec}'; built-ins: {', '.join(sorted(BUILTIN_REWARDS))}; "
+            "or give 'pkg.module:fn', 'pkg.module.fn' or 'path/to/file.py:fn'"
+        )
+    module = _load_file(module_name) if module_name.endswith(".py") else _import(module_name, spec)
+    fn = getattr(module, attr, None)
+    if not callable(fn):
+        raise ValueError(f"reward '{spec}': '{attr}' is not a callable in {module_name}")
+    return fn
+
+
+def _import(module_name: str, spec: str):
+    try:
+        return importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ValueError(f"reward '{spec}': cannot import module '{module_name}': {exc}") from exc
+
+
+@functools.lru_cache(maxsize=None)
+def _load_file(path: str):
+    """Import a .py file once per process (module name derived from its absolute path)."""
+    path = os.path.abspath(path)
+    if not os.path.isfile(path):
+        raise ValueError(f"reward file not found: {path}")
+    name = "reinforge_user_reward_" + str(abs(hash(path)))
+    module_spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(module_spec)
+    sys.modules[name] = module  # lets dataclasses / pickling inside the file find the module
+    module_spec.loader.exec_module(module)
+    return module

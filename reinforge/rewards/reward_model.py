@@ -1,0 +1,62 @@
+"""Score prompt + response with a Hugging Face sequence-classification reward model."""
+
+from __future__ import annotations
+
+import torch
+
+
+class RewardModelScorer:
+    """`score(prompts, responses) -> list[float]`: the model's scalar at each sequence's last real token.
+
+    Sequences are right-padded and given explicit position_ids (cumsum of the mask - 1), and
+    the score is read from the per-position head output at the last attention-mask position,
+    so it does not depend on the batch's padding. We do not rely on HF's own pooling: it
+    finds "the last non-pad token" by comparing ids to pad_token_id, which is wrong whenever
+    pad == eos and the response ends with eos.
+    """
+
+    def __init__(self, model_path: str, tokenizer=None, device: str | torch.device = "cpu", batch_size: int = 16,
+                 dtype: torch.dtype | None = None):
+        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+
+        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model_path) if tokenizer is None or isinstance(tokenizer, str) else tokenizer
+        self.model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=dtype)
+        self.model.to(device).eval()
+        self.device, self.batch_size = torch.device(device), batch_size
+        self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        if self.pad_id is None:
+            raise ValueError("reward model tokenizer has neither a pad nor an eos token")
+
+    def _head_outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        """Per-position scores (B, L): captured from the `score` head if the model has one."""
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        head = getattr(self.model, "score", None)
+        if not isinstance(head, torch.nn.Module):
+            # Other heads (e.g. BERT-style poolers) pool internally; right padding keeps index 0 valid.
+            out = self.model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, 1)
+            return out[:, :1].expand(-1, input_ids.shape[1])
+        captured = {}
+        hook = head.register_forward_hook(lambda mod, inp, out: captured.__setitem__("out", out))
+        try:
+            self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
+        finally:
+            hook.remove()
+        return captured["out"][..., 0]  # (B, L, 1) -> (B, L)
+
+    @torch.no_grad()
+    def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        out: list[float] = []
+        for start in range(0, len(prompts), self.batch_size):
+            texts = [p + r for p, r in zip(prompts[start : start + self.batch_size], responses[start : start + self.batch_size])]
+            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            length = max(len(x) for x in ids)
+            input_ids = torch.full((len(ids), length), self.pad_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(ids), length), dtype=torch.long)
+            for b, x in enumerate(ids):
+                input_ids[b, : len(x)] = torch.tensor(x, dtype=torch.long)
+                attention_mask[b, : len(x)] = 1
+            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+            per_pos = self._head_outputs(input_ids, attention_mask)  # (B, L)
+            last = attention_mask.sum(-1) - 1  # (B,) index of the last real token
+            out.extend(per_pos.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu().tolist())
+        return out

@@ -1,0 +1,38 @@
+"""What a built-in task is: a seeded generator of examples plus a verifier."""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any, Callable
+
+
+@dataclass(frozen=True)
+class Example:
+    """One generated problem.
+
+    `answer` is a response the verifier scores 1.0; `wrong` is a plausible response it scores
+    0.0 (never equal to `answer`), used as the rejected side of preference pairs.
+    """
+
+    prompt: str
+    answer: str
+    ground_truth: str
+    wrong: str
+
+
+@dataclass(frozen=True)
+class Task:
+    """A built-in task: `sample(rng)` draws an `Example`; `score` is its reward function.
+
+    `score(prompt, response, ground_truth, **extra) -> float` follows the reward-function API
+    of `reinforge.rewards`, and is a module-level function so it pickles into reward workers.
+    `size` is the number of distinct prompts when it is small enough to matter, else None.
+    """
+
+    name: str
+    ability: str
+    sample: Callable[[random.Random], Example]
+    score: Callable[..., float]
+    options: dict[str, Any]
+    size: int | None = None

@@ -1,0 +1,135 @@
+"""`countdown`: "3 5 2 -> 16:" -> "(3+5)*2", using each given number exactly once.
+
+The verifier never evaluates the response as code: it checks the characters against a
+whitelist, parses with `ast`, walks only number / + - * / nodes and computes with exact
+fractions, so "__import__('os')" or "2**999999" scores 0 without running anything.
+"""
+
+from __future__ import annotations
+
+import ast
+import functools
+import json
+import operator
+import random
+from fractions import Fraction
+
+from reinforge.tasks.base import Example, Task
+
+MAX_RESPONSE_CHARS = 64  # generated solutions are <= ~16 chars; anything far longer is wrong
+_ALLOWED_CHARS = frozenset("0123456789+-*/() ")
+_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
+_SYMBOL = {"+": ast.Add, "-": ast.Sub, "*": ast.Mult, "/": ast.Div}
+
+
+def evaluate_expression(text: str) -> tuple[Fraction, list[int]] | None:
+    """Exact value and the literals used by an arithmetic expression, or None if not one."""
+    if not isinstance(text, str) or len(text) > MAX_RESPONSE_CHARS or not set(text) <= _ALLOWED_CHARS:
+        return None
+    try:
+        tree = ast.parse(text.strip(), mode="eval")
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return None
+    numbers: list[int] = []
+
+    def walk(node: ast.AST) -> Fraction:
+        if isinstance(node, ast.Constant) and type(node.value) is int:
+            numbers.append(node.value)
+            return Fraction(node.value)
+        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
+            left, right = walk(node.left), walk(node.right)
+            return _OPS[type(node.op)](left, right)  # Fraction / 0 raises ZeroDivisionError
+        raise ValueError(f"disallowed syntax: {type(node).__name__}")
+
+    try:
+        return walk(tree.body), numbers
+    except (ValueError, ZeroDivisionError, RecursionError):
+        return None
+
+
+def parse_ground_truth(ground_truth) -> tuple[list[int], int]:
+    """(numbers, target) from a dict or its JSON string."""
+    gt = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
+    numbers, target = gt["numbers"], gt["target"]
+    return [int(n) for n in numbers], int(target)
+
+
+def score_countdown(prompt: str, response: str, ground_truth, **extra) -> float:
+    """1.0 when `response` uses exactly the given numbers (each once) and equals the target."""
+    numbers, target = parse_ground_truth(ground_truth)
+    result = evaluate_expression(response)
+    if result is None:
+        return 0.0
+    value, used = result
+    return 1.0 if value == target and sorted(used) == sorted(numbers) else 0.0
+
+
+def _combine(op: str, left: tuple[Fraction, str, str], right: tuple[Fraction, str, str]):
+    """Apply `op` to two (value, text, top-level op) triples, adding only needed parentheses."""
+    (lv, lt, lop), (rv, rt, rop) = left, right
+    if op == "/" and (rv == 0 or (lv / rv).denominator != 1):
+        return None  # exact integer division only, so every intermediate value is an integer
+    if op in "*/" and lop in ("+", "-"):
+        lt = f"({lt})"
+    # The right operand needs parentheses unless the operator is associative over it.
+    if (op == "-" and rop in ("+", "-")) or (op == "*" and rop in ("+", "-")) or (op == "/" and rop):
+        rt = f"({rt})"
+    value = _OPS[_SYMBOL[op]](lv, rv)
+    return value, f"{lt}{op}{rt}", op
+
+
+def _random_expression(rng: random.Random, nums: list[int], ops: str):
+    """A random expression tree over `nums` in order, or None if a division was inexact."""
+    if len(nums) == 1:
+        return Fraction(nums[0]), str(nums[0]), ""
+    split = rng.randint(1, len(nums) - 1)
+    left = _random_expression(rng, nums[:split], ops)
+    right = _random_expression(rng, nums[split:], ops)
+    if left is None or right is None:
+        return None
+    return _combine(rng.choice(ops), left, right)
+
+
+def _sample(rng: random.Random, count: int, max_number: int, max_target: int, ops: str) -> Example:
+    for _ in range(1000):
+        numbers = [rng.randint(1, max_number) for _ in range(count)]
+        order = numbers[:]
+        rng.shuffle(order)
+        expr = _random_expression(rng, order, ops)
+        if expr is None or not (1 <= expr[0] <= max_target):
+            continue
+        target = int(expr[0])
+        wrong = _wrong_expression(rng, numbers, target, ops)
+        gt = json.dumps({"numbers": numbers, "target": target})
+        prompt = " ".join(map(str, numbers)) + f" -> {target}:"
+        return Example(prompt=prompt, answer=expr[1], ground_truth=gt, wrong=wrong)
+    raise RuntimeError("countdown: could not generate a valid problem; loosen max_target")
+
+
+def _wrong_expression(rng: random.Random, numbers: list[int], target: int, ops: str) -> str:
+    """A well-formed expression over the same numbers whose value misses the target."""
+    for _ in range(100):
+        order = numbers[:]
+        rng.shuffle(order)
+        expr = _random_expression(rng, order, ops)
+        if expr is not None and expr[0] != target:
+            return expr[1]
+    # Every arrangement hits the target (e.g. "1 1 1" with only "*"): use a wrong number instead.
+    return "+".join(map(str, numbers[:-1] + [numbers[-1] + 1]))
+
+
+def make_countdown(count: int = 3, max_number: int = 9, max_target: int = 100, ops: str = "+-*/") -> Task:
+    """Reach `target` (1..max_target) from `count` numbers in 1..max_number with `ops`."""
+    if not 2 <= count <= 6:
+        raise ValueError(f"countdown: count must be in 2..6, got {count!r}")
+    if not 1 <= max_number <= 99:
+        raise ValueError(f"countdown: max_number must be in 1..99, got {max_number!r}")
+    if not ops or set(ops) - set(_SYMBOL):
+        raise ValueError(f"countdown: ops must be made of '+-*/', got {ops!r}")
+    return Task(
+        name="countdown",
+        ability="arithmetic",
+        sample=functools.partial(_sample, count=count, max_number=max_number, max_target=max_target, ops=ops),
+        score=score_countdown,
+        options={"count": count, "max_number": max_number, "max_target": max_target, "ops": ops},
+    )
