@@ -1,0 +1,242 @@
+"""Advantage estimators. One input dataclass, one signature, one registry.
+
+Every estimator is ``fn(inp: AdvantageInput) -> (advantages (B, T), returns (B, T))``.
+Group estimators take explicit ``group_ids`` (B,) int64 in any order with unequal group sizes;
+the group statistics are computed with ``torch.unique`` + ``index_add_`` (no Python loop).
+
+Which inputs each estimator needs (the config validator reads these sets):
+``NEEDS_VALUES`` (a critic), ``NEEDS_GROUPS`` (``group_ids``, i.e. rollout.n > 1 makes sense),
+``NEEDS_BASELINE`` (``baseline_rewards``, ReMax's greedy rollout reward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .masked import _safe_div, _zero_outside, masked_sum, masked_whiten
+from .scan import reverse_linear_scan
+
+
+@dataclass
+class AdvantageInput:
+    """Everything an advantage estimator may read. Shapes: B sequences, T response length."""
+
+    token_level_rewards: torch.Tensor  # (B, T) reward per token (outcome on the last valid token)
+    response_mask: torch.Tensor  # (B, T) 1 on tokens the policy generated and that count
+    values: torch.Tensor | None = None  # (B, T) critic values V(s_t) (gae only)
+    group_ids: torch.Tensor | None = None  # (B,) int64: samples of the same prompt share an id
+    gamma: float = 1.0  # discount factor
+    lam: float = 1.0  # GAE lambda of the actor's advantages
+    lam_critic: float | None = None  # GAE lambda of the critic's returns (None -> lam); VAPO
+    length_adaptive_alpha: float | None = None  # VAPO: actor lambda = 1 - 1/(alpha * L) per seq
+    norm_by_std: bool = True  # grpo: divide by the group std (False = Dr.GRPO)
+    eps: float = 1e-6  # grpo: std epsilon
+    baseline_rewards: torch.Tensor | None = None  # (B,) remax: reward of the greedy rollout
+    whiten: bool = True  # gae: whiten the advantages over the mask
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _sequence_scores(inp: AdvantageInput) -> torch.Tensor:
+    """Sum of token rewards over the response. -> (B,)"""
+    return masked_sum(inp.token_level_rewards, inp.response_mask, dim=-1)
+
+
+def _broadcast(seq_adv: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """(B,) sequence advantage -> (B, T), zero outside the mask."""
+    return _zero_outside(seq_adv.unsqueeze(-1).expand(mask.shape), mask)
+
+
+def _groups(group_ids: torch.Tensor | None, name: str) -> tuple[torch.Tensor, int]:
+    """group_ids (B,) -> (dense index (B,) in [0, G), G)."""
+    if group_ids is None:
+        raise ValueError(f"advantage estimator {name!r} needs group_ids (B,)")
+    uniq, inv = torch.unique(group_ids, return_inverse=True)
+    return inv, uniq.numel()
+
+
+def _group_sum(x: torch.Tensor, inv: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """Per-group sum of x (B,) -> (G,)."""
+    return x.new_zeros(n_groups).index_add_(0, inv, x)
+
+
+def _group_mean_count(x: torch.Tensor, inv: torch.Tensor, n_groups: int):
+    count = _group_sum(torch.ones_like(x), inv, n_groups)  # (G,)
+    return _group_sum(x, inv, n_groups) / count, count
+
+
+def _discounted_scan(
+    rewards: torch.Tensor,
+    values: torch.Tensor,
+    mask: torch.Tensor,
+    gamma: float,
+    lam: torch.Tensor,
+) -> torch.Tensor:
+    """GAE recursion of the classic per-time-step loop, vectorised. All (R, T); lam (R,).
+
+    Masked positions carry the recursion: a valid token's "next value" is the value of the
+    next *valid* token (0 if none), and a masked token's advantage equals the next valid
+    token's (0 if none), exactly like the loop's ``nextvalues`` / ``lastgaelam`` carry.
+    """
+    R, T = rewards.shape
+    m = mask.to(rewards.dtype)
+    pos = torch.arange(T, device=rewards.device).expand(R, T)
+    valid_pos = torch.where(m > 0, pos, torch.full_like(pos, T))
+    first_valid_from = torch.flip(torch.cummin(torch.flip(valid_pos, [1]), dim=1).values, [1])
+    next_valid = torch.cat([first_valid_from[:, 1:], torch.full_like(pos[:, :1], T)], dim=1)
+    values_pad = torch.cat([values, values.new_zeros(R, 1)], dim=1)  # (R, T + 1)
+    next_values = values_pad.gather(1, next_valid)  # (R, T)
+    delta = rewards + gamma * next_values - values
+    b = _zero_outside(delta, m)
+    a = m * (gamma * lam).unsqueeze(-1) + (1 - m)
+    return reverse_linear_scan(a, b)
+
+
+# --------------------------------------------------------------------------- estimators
+
+
+def gae(inp: AdvantageInput):
+    """Generalised Advantage Estimation (https://arxiv.org/abs/1506.02438), with VAPO options.
+
+    A_t = delta_t + gamma * lam * A_{t+1}, delta_t = r_t + gamma V_{t+1} - V_t.
+    returns = A(lam_critic) + values (VAPO decoupled GAE, https://arxiv.org/abs/2504.05118:
+    the critic uses lam_critic, typically 1.0). Actor lambda: ``lam``, or per sequence
+    clamp(1 - 1/(alpha * L), 0, 1) with ``length_adaptive_alpha`` (VAPO length-adaptive GAE).
+    Advantages are whitened over the mask when ``whiten`` (then 0 outside the mask);
+    otherwise they are returned raw, equal to the classic loop everywhere.
+    """
+    if inp.values is None:
+        raise ValueError("advantage estimator 'gae' needs values (B, T) from a critic")
+    r, v, m = inp.token_level_rewards, inp.values.to(inp.token_level_rewards.dtype), inp.response_mask
+    B = r.shape[0]
+    lam_c = inp.lam if inp.lam_critic is None else inp.lam_critic
+    lam_actor = torch.full((B,), float(inp.lam), dtype=r.dtype, device=r.device)
+    if inp.length_adaptive_alpha is not None:
+        length = m.to(r.dtype).sum(-1)  # (B,)
+        lam_actor = (1.0 - 1.0 / (inp.length_adaptive_alpha * length)).clamp(0.0, 1.0)
+    if inp.length_adaptive_alpha is None and lam_c == inp.lam:
+        adv = _discounted_scan(r, v, m, inp.gamma, lam_actor)
+        adv_critic = adv
+    else:  # one scan over 2B rows: actor lambdas, then critic lambda
+        lam_rows = torch.cat([lam_actor, torch.full_like(lam_actor, float(lam_c))])
+        both = _discounted_scan(r.repeat(2, 1), v.repeat(2, 1), m.repeat(2, 1), inp.gamma, lam_rows)
+        adv, adv_critic = both[:B], both[B:]
+    returns = adv_critic + v
+    if inp.whiten:
+        adv = masked_whiten(adv, m)
+    return adv, returns
+
+
+def grpo(inp: AdvantageInput):
+    """GRPO (https://arxiv.org/abs/2402.03300): (r - group mean) / (group std + eps).
+
+    Sequence score = sum of token rewards; std is the unbiased group std; a singleton group
+    gets advantage 0. ``norm_by_std=False`` skips the division (Dr.GRPO,
+    https://arxiv.org/abs/2503.20783). returns = advantages.
+    """
+    inv, G = _groups(inp.group_ids, "grpo")
+    s = _sequence_scores(inp)  # (B,)
+    mean, count = _group_mean_count(s, inv, G)  # (G,), (G,)
+    centered = s - mean[inv]  # exactly 0 in singleton groups
+    if inp.norm_by_std:
+        var = _safe_div(_group_sum(centered**2, inv, G), count - 1)  # (G,), 0 for singletons
+        centered = centered / (var.sqrt()[inv] + inp.eps)
+    adv = _broadcast(centered, inp.response_mask)
+    return adv, adv
+
+
+def rloo(inp: AdvantageInput):
+    """RLOO (https://arxiv.org/abs/2402.14740): r_i - mean of the other samples of the group.
+
+    Singleton groups get advantage 0. returns = advantages.
+    """
+    inv, G = _groups(inp.group_ids, "rloo")
+    s = _sequence_scores(inp)
+    total = _group_sum(s, inv, G)
+    count = _group_sum(torch.ones_like(s), inv, G)
+    n = count[inv]
+    baseline = _safe_div(total[inv] - s, n - 1)
+    adv = torch.where(n > 1, s - baseline, torch.zeros_like(s))
+    adv = _broadcast(adv, inp.response_mask)
+    return adv, adv
+
+
+def reinforce_plus_plus(inp: AdvantageInput):
+    """REINFORCE++ (https://arxiv.org/abs/2501.03262): discounted return-to-go, whitened.
+
+    G_t = r_t + gamma * G_{t+1} over valid tokens (masked tokens carry G, as in GAE with
+    V = 0, lam = 1). Advantages = masked_whiten(G); returns = G (raw).
+    """
+    r, m = inp.token_level_rewards, inp.response_mask
+    ones = torch.ones(r.shape[0], dtype=r.dtype, device=r.device)
+    returns = _discounted_scan(r, torch.zeros_like(r), m, inp.gamma, ones)
+    returns = _zero_outside(returns, m)
+    return masked_whiten(returns, m), returns
+
+
+def reinforce_plus_plus_baseline(inp: AdvantageInput):
+    """REINFORCE++-baseline: subtract the group mean score, broadcast, whiten over the batch."""
+    inv, G = _groups(inp.group_ids, "reinforce_plus_plus_baseline")
+    s = _sequence_scores(inp)
+    mean, _ = _group_mean_count(s, inv, G)
+    adv = masked_whiten(_broadcast(s - mean[inv], inp.response_mask), inp.response_mask)
+    return adv, adv
+
+
+def remax(inp: AdvantageInput):
+    """ReMax (https://arxiv.org/abs/2310.10505): score minus the greedy rollout's score.
+
+    baseline_rewards (B,): reward of the greedy response to the same prompt.
+    """
+    if inp.baseline_rewards is None:
+        raise ValueError("advantage estimator 'remax' needs baseline_rewards (B,)")
+    s = _sequence_scores(inp)
+    adv = _broadcast(s - inp.baseline_rewards.to(s.dtype), inp.response_mask)
+    return adv, adv
+
+
+def opo(inp: AdvantageInput):
+    """OPO (https://arxiv.org/abs/2505.23585): length-weighted group baseline.
+
+    b = sum_j L_j r_j / sum_j L_j over the group (L = valid response length); A = r - b.
+    Groups whose responses are all empty get advantage 0.
+    """
+    inv, G = _groups(inp.group_ids, "opo")
+    s = _sequence_scores(inp)
+    length = inp.response_mask.to(s.dtype).sum(-1)  # (B,)
+    baseline = _safe_div(_group_sum(length * s, inv, G), _group_sum(length, inv, G))
+    adv = _broadcast(s - baseline[inv], inp.response_mask)
+    return adv, adv
+
+
+AdvantageFn = Callable[[AdvantageInput], "tuple[torch.Tensor, torch.Tensor]"]
+
+ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
+    "gae": gae,
+    "grpo": grpo,
+    "rloo": rloo,
+    "reinforce_plus_plus": reinforce_plus_plus,
+    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
+    "remax": remax,
+    "opo": opo,
+}
+NEEDS_VALUES = frozenset({"gae"})
+NEEDS_GROUPS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo"})
+NEEDS_BASELINE = frozenset({"remax"})
+
+
+def get_advantage_estimator(name: str) -> AdvantageFn:
+    """Look up an estimator by name; unknown names raise ValueError listing the valid ones."""
+    if name not in ADVANTAGE_ESTIMATORS:
+        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}")
+    return ADVANTAGE_ESTIMATORS[name]
+
+
+@torch.no_grad()
+def compute_advantages(name: str, inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run estimator ``name`` on ``inp`` (no grad). -> (advantages (B, T), returns (B, T))."""
+    return get_advantage_estimator(name)(inp)

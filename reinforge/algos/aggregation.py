@@ -1,0 +1,74 @@
+"""Loss aggregation: a per-token loss matrix (B, T) -> a scalar.
+
+Modes (``AGG_MODES``):
+
+- ``token-mean``: sum of all valid token losses / number of valid tokens (DAPO token-level loss).
+- ``seq-mean-token-sum``: per-sequence sum of token losses, averaged over sequences.
+- ``seq-mean-token-mean``: per-sequence mean of token losses, averaged over sequences
+  (the original GRPO objective: every sequence weighs the same whatever its length).
+- ``seq-mean-token-sum-norm``: per-sequence sum / ``norm_const`` (default T, the padded response
+  length), averaged over sequences (Dr.GRPO, https://arxiv.org/abs/2503.20783: a constant
+  normaliser removes the length bias of per-sequence means).
+
+Gradient accumulation. Every mode is a plain sum over rows divided by a global count, so
+passing the *whole mini-batch's* ``num_tokens`` / ``num_seqs`` (see ``agg_denominators``) to each
+micro-batch makes the sum of micro-batch losses equal the mini-batch loss exactly (do not also
+divide by the number of micro-batches). When a count is None it is taken from this batch.
+``num_seqs`` counts sequences with at least one valid token, so fully-masked rows (filtered
+samples) do not dilute the average. For ``seq-mean-token-sum-norm`` pass ``norm_const``
+explicitly (e.g. the configured max response length) when micro-batches are padded to
+different lengths.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .masked import _safe_div, masked_mean, masked_sum
+
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+
+
+def agg_denominators(mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Global counts of a mini-batch. mask: (B, T) -> {"num_tokens": (), "num_seqs": ()} tensors.
+
+    Compute them once on the whole mini-batch (summed across data-parallel ranks by the trainer
+    when the loss is averaged globally) and pass them to every micro-batch's ``agg_loss``.
+    """
+    m = mask.float()
+    return {"num_tokens": m.sum(), "num_seqs": (m.sum(-1) > 0).float().sum()}
+
+
+def _as_tensor(v, like: torch.Tensor) -> torch.Tensor:
+    return torch.as_tensor(v, dtype=like.dtype, device=like.device)
+
+
+def agg_loss(
+    loss_mat: torch.Tensor,
+    mask: torch.Tensor,
+    mode: str,
+    *,
+    num_tokens: float | torch.Tensor | None = None,
+    num_seqs: float | torch.Tensor | None = None,
+    norm_const: float | None = None,
+) -> torch.Tensor:
+    """Aggregate loss_mat (B, T) over mask (B, T) into a scalar according to ``mode``.
+
+    num_tokens / num_seqs: global counts (scalars) of the mini-batch, None -> this batch's.
+    norm_const: Dr.GRPO constant for ``seq-mean-token-sum-norm`` (None -> T). A zero count
+    gives a loss of 0 (never NaN).
+    """
+    if mode not in AGG_MODES:
+        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)}")
+    if mode == "token-mean":
+        den = mask.float().sum() if num_tokens is None else num_tokens
+        return _safe_div(masked_sum(loss_mat, mask), _as_tensor(den, loss_mat))
+    if mode == "seq-mean-token-sum":
+        seq = masked_sum(loss_mat, mask, dim=-1)  # (B,)
+    elif mode == "seq-mean-token-mean":
+        seq = masked_mean(loss_mat, mask, dim=-1)  # (B,), 0 for empty rows
+    else:  # seq-mean-token-sum-norm
+        const = loss_mat.shape[-1] if norm_const is None else norm_const
+        seq = masked_sum(loss_mat, mask, dim=-1) / const  # (B,)
+    den = agg_denominators(mask)["num_seqs"] if num_seqs is None else num_seqs
+    return _safe_div(seq.sum(), _as_tensor(den, loss_mat))

@@ -1,0 +1,91 @@
+"""Log-probs (and entropies) straight from the last hidden states and the LM head.
+
+logits = hidden @ weight.T is (N, V); for long responses and large vocabularies it is the
+biggest tensor of the whole step. This autograd Function never builds it: forward computes
+``chunk_size`` tokens' logits at a time and keeps only (N,) statistics; backward recomputes
+each chunk's logits, turns them into d loss / d logits in place (see ``logprobs``) and
+immediately contracts them into the gradients of hidden (N, H) and weight (V, H).
+Extra memory: a couple of (chunk_size, V) buffers plus an fp32 copy of weight's gradient
+when weight is half precision.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from .logprobs import _acc_dtype, _chunk_forward, _chunk_grad_
+
+
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, acc) -> torch.Tensor:
+    """(n, H) @ (V, H).T / T -> (n, V) in the compute dtype (a fresh, writable buffer)."""
+    z = (h @ weight.T).to(acc)
+    return z.div_(temperature) if temperature != 1.0 else z
+
+
+class _FusedLogProb(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy):
+        acc = _acc_dtype(hidden.dtype)
+        N = hidden.shape[0]
+        lse = torch.empty(N, dtype=acc, device=hidden.device)
+        logp = torch.empty_like(lse)
+        ent = torch.empty_like(lse) if with_entropy else None
+        for s in range(0, N, chunk_size):
+            sl = slice(s, min(s + chunk_size, N))
+            z = _chunk_logits(hidden[sl], weight, temperature, acc)  # (n, V)
+            lse[sl], logp[sl], e = _chunk_forward(z, labels[sl], with_entropy)
+            if with_entropy:
+                ent[sl] = e
+            del z
+        ctx.save_for_backward(hidden, weight, labels, lse, ent)
+        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        return (logp, ent) if with_entropy else logp
+
+    @staticmethod
+    def backward(ctx, g_logp, g_ent=None):
+        hidden, weight, labels, lse, ent = ctx.saved_tensors
+        T, chunk = ctx.temperature, ctx.chunk_size
+        acc = _acc_dtype(hidden.dtype)
+        need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
+        grad_h = torch.empty_like(hidden) if need_h else None
+        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        g_logp = g_logp.to(acc)
+        g_ent = None if g_ent is None else g_ent.to(acc)
+        for s in range(0, hidden.shape[0], chunk):
+            sl = slice(s, min(s + chunk, hidden.shape[0]))
+            h = hidden[sl]
+            z = _chunk_logits(h, weight, T, acc)  # recompute (n, V)
+            e = None if ent is None else ent[sl]
+            ge = None if g_ent is None else g_ent[sl]
+            dz = _chunk_grad_(z, lse[sl], e, labels[sl], g_logp[sl], ge, T)  # d/dlogits (n, V)
+            if need_h:
+                grad_h[sl] = (dz @ weight.to(acc)).to(hidden.dtype)
+            if need_w:
+                grad_w.addmm_(dz.T, h.to(acc))
+            del z, dz
+        if need_w:
+            grad_w = grad_w.to(weight.dtype)
+        return grad_h, grad_w, None, None, None, None
+
+
+def fused_logprobs_from_hidden(
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    labels: torch.Tensor,
+    temperature: float = 1.0,
+    chunk_size: int = 1024,
+    return_entropy: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs of ``labels`` under softmax(hidden @ weight.T / T), chunked over tokens.
+
+    hidden (N, H), weight (V, H) (the LM head, no bias), labels (N,) int64 in [0, V).
+    -> (logp (N,), entropy (N,) or None). Gradients flow to hidden and weight, through the
+    entropy too when it is returned. Output dtype: fp32 for half/bf16 inputs.
+    """
+    if hidden.dim() != 2 or weight.dim() != 2 or labels.shape != hidden.shape[:1]:
+        raise ValueError("expected hidden (N, H), weight (V, H), labels (N,)")
+    chunk_size = max(1, int(chunk_size))
+    if return_entropy:
+        logp, ent = _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, True)
+        return logp, ent
+    return _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, False), None

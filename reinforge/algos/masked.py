@@ -1,0 +1,74 @@
+"""Masked reductions over response tokens.
+
+Every function treats ``mask`` as 0/1 weights with the same shape as ``x`` (B, T) or any
+broadcastable shape. Positions where ``mask == 0`` never contribute, even if ``x`` holds
+NaN/inf there (padding is often garbage). Empty masks give 0, never NaN, and the gradient
+through an empty row is 0 as well.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _zero_outside(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """x * mask, but 0 (not NaN) where mask is 0 and x is non-finite."""
+    mask = mask.to(x.dtype)
+    return torch.where(mask != 0, x * mask, torch.zeros((), dtype=x.dtype, device=x.device))
+
+
+def _safe_div(num: torch.Tensor, den: torch.Tensor) -> torch.Tensor:
+    """num / den, 0 where den == 0 (with a finite gradient: the denominator is swapped for 1)."""
+    ok = den != 0
+    return torch.where(ok, num / torch.where(ok, den, torch.ones_like(den)), torch.zeros_like(num))
+
+
+def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Sum of x over the mask. x, mask: (B, T) (any shape); dim None -> scalar, else reduced."""
+    y = _zero_outside(x, mask)
+    return y.sum() if dim is None else y.sum(dim)
+
+
+def masked_count(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Number of valid positions (sum of the mask) in x's dtype, broadcast to x's shape first."""
+    m = torch.broadcast_to(mask, x.shape).to(x.dtype)
+    return m.sum() if dim is None else m.sum(dim)
+
+
+def masked_mean(x: torch.Tensor, mask: torch.Tensor, dim: int | None = None) -> torch.Tensor:
+    """Mean of x over the mask; 0 for an empty mask (or an empty row when dim is given).
+
+    x, mask: (B, T). dim=None -> scalar; dim=-1 -> (B,).
+    """
+    return _safe_div(masked_sum(x, mask, dim), masked_count(x, mask, dim))
+
+
+def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> torch.Tensor:
+    """Variance of x over all valid positions (a scalar). x, mask: (B, T).
+
+    Two-pass (mean first) for numerical stability. ``unbiased`` applies Bessel's correction
+    n / (n - 1) when n > 1; with n <= 1 the variance is 0.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_mean((x - mean) ** 2, mask)
+    if unbiased:
+        n = masked_count(x, mask)
+        var = var * _safe_div(n, n - 1) * (n > 1).to(x.dtype)
+    return var
+
+
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) with mean and (unbiased) var taken over the mask.
+
+    x, mask: (B, T) -> (B, T). With ``shift_mean=False`` the mean is added back (only the
+    scale changes). Positions outside the mask are returned as 0, so whitened tensors can be
+    summed or averaged without re-masking.
+    """
+    mean = masked_mean(x, mask)
+    var = masked_var(x, mask, unbiased=True)
+    out = (x - mean) * torch.rsqrt(var + eps)
+    if not shift_mean:
+        out = out + mean
+    return _zero_outside(out, mask)

@@ -1,0 +1,159 @@
+"""Policy-gradient surrogate losses. One signature, one registry.
+
+Every loss is::
+
+    fn(log_probs, old_log_probs, advantages, response_mask, *,
+       clip_low=0.2, clip_high=0.2, clip_c=None) -> (loss_mat (B, T), metrics)
+
+log_probs (B, T) carry the gradient; old_log_probs, advantages (B, T) are constants. The
+loss matrix is per token (0 outside the mask); reduce it with ``aggregation.agg_loss``.
+Metric tensors (scalars, detached), all masked means over valid tokens:
+
+- ``pg_clipfrac``: tokens whose surrogate is clipped at the trust-region bound that binds for
+  their advantage sign (ratio > 1 + clip_high with A > 0, or ratio < 1 - clip_low with A < 0);
+  the same definition as veRL's, so runs compare.
+- ``pg_clipfrac_lower``: tokens where the dual clip binds (A < 0 and ratio > clip_c); for
+  losses without a dual clip, tokens whose IS weight is clipped at the lower bound.
+- ``ppo_kl``: mean of old_log_probs - log_probs (k1 estimate of KL(old || new)).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import torch
+
+from .masked import _zero_outside, masked_mean
+
+LOG_RATIO_CLAMP = 20.0
+
+
+def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
+    return (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _metrics(log_probs, old_log_probs, mask, clipped, clipped_lower) -> dict[str, torch.Tensor]:
+    with torch.no_grad():
+        return {
+            "pg_clipfrac": masked_mean(clipped.float(), mask),
+            "pg_clipfrac_lower": masked_mean(clipped_lower.float(), mask),
+            "ppo_kl": masked_mean((old_log_probs - log_probs).float(), mask),
+        }
+
+
+def _clipped_surrogate(ratio, advantages, clip_low, clip_high):
+    """PPO's max(-A r, -A clip(r)). -> (loss (B, T), clipped-bound-active (B, T) bool)."""
+    loss1 = -advantages * ratio
+    loss2 = -advantages * ratio.clamp(1.0 - clip_low, 1.0 + clip_high)
+    return torch.maximum(loss1, loss2), loss2 > loss1
+
+
+def _dual_clip(loss, advantages, clip_c):
+    """Bound negative-advantage losses by -A * clip_c. -> (loss, dual-clip-active bool)."""
+    if clip_c is None:
+        return loss, torch.zeros_like(loss, dtype=torch.bool)
+    if clip_c <= 1.0:
+        raise ValueError(f"dual-clip constant clip_c must be > 1, got {clip_c}")
+    loss3 = -advantages * clip_c
+    dual = (advantages < 0) & (loss > loss3)
+    return torch.where(dual, loss3, loss), dual
+
+
+def ppo_clip(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """PPO clipped surrogate (https://arxiv.org/abs/1707.06347) with asymmetric bounds.
+
+    clip_high > clip_low is DAPO's clip-higher (https://arxiv.org/abs/2503.14476). With
+    clip_c (> 1), negative-advantage tokens are further bounded by -A * clip_c (dual clip,
+    https://arxiv.org/abs/1912.09729). Clipped tokens get zero gradient.
+    """
+    ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
+    loss, clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    loss, dual = _dual_clip(loss, advantages, clip_c)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, clipped & ~dual, dual)
+    return _zero_outside(loss, response_mask), metrics
+
+
+def gspo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """GSPO (https://arxiv.org/abs/2507.18071): sequence-level importance ratio.
+
+    s_i = exp(mean over valid tokens of log(pi / pi_old)); per token
+    s_i,t = sg(s_i) * exp(logp_t - sg(logp_t)), which has value s_i and lets each token's
+    gradient flow (GSPO-token form). The PPO clip uses [1 - clip_low, 1 + clip_high] on s_i
+    (the paper uses ~3e-4 / 4e-4). clip_c: dual clip as in ppo_clip.
+    """
+    lr = _log_ratio(log_probs, old_log_probs)
+    seq_lr = masked_mean(lr, response_mask, dim=-1).detach()  # (B,)
+    tok_lr = seq_lr.unsqueeze(-1) + log_probs - log_probs.detach()  # (B, T), value = seq_lr
+    ratio = torch.exp(tok_lr.clamp(max=LOG_RATIO_CLAMP))
+    loss, clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    loss, dual = _dual_clip(loss, advantages, clip_c)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, clipped & ~dual, dual)
+    return _zero_outside(loss, response_mask), metrics
+
+
+def cispo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585): clipped IS weight times log-prob.
+
+    loss = -sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * log pi. Every token keeps a
+    gradient (only the weight is clipped). The paper effectively disables the lower bound:
+    pass clip_low >= 1 for that. clip_c is not used (there is no surrogate to dual-clip).
+    pg_clipfrac: weight clipped at the upper bound; pg_clipfrac_lower: at the lower bound.
+    """
+    ratio = torch.exp(_log_ratio(log_probs, old_log_probs)).detach()
+    weight = ratio.clamp(max(1.0 - clip_low, 0.0), 1.0 + clip_high)
+    loss = -advantages * weight * log_probs
+    upper, lower = ratio > 1.0 + clip_high, ratio < 1.0 - clip_low
+    metrics = _metrics(log_probs, old_log_probs, response_mask, upper, lower)
+    return _zero_outside(loss, response_mask), metrics
+
+
+def gmpo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """GMPO (https://arxiv.org/abs/2507.20673): geometric mean of token ratios per sequence.
+
+    Token log-ratios are clipped in log space to [-clip_low, clip_high] on the side that
+    binds for the advantage sign (the PPO min, taken in log space); the sequence ratio is
+    exp(mean over valid tokens of the clipped log-ratios); loss_t = -A_t * seq_ratio. Note the
+    bounds are log-space: the paper uses 0.4 (ratio in [e^-0.4, e^0.4]), so pass
+    clip_low=clip_high=0.4 explicitly. clip_c is unused.
+    Use seq-mean-token-mean aggregation to recover the paper's per-sequence mean.
+    """
+    lr = _log_ratio(log_probs, old_log_probs)
+    sgn = torch.sign(advantages)
+    clipped_lr = lr.clamp(-clip_low, clip_high)
+    lr_min = sgn * torch.minimum(sgn * lr, sgn * clipped_lr)  # zero grad where the clip binds
+    seq_ratio = torch.exp(masked_mean(lr_min, response_mask, dim=-1))  # (B,)
+    loss = -advantages * seq_ratio.unsqueeze(-1)
+    upper = (advantages > 0) & (lr > clip_high)
+    lower = (advantages < 0) & (lr < -clip_low)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, upper | lower, lower)
+    return _zero_outside(loss, response_mask), metrics
+
+
+def vanilla(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """Plain policy gradient -A * r with r = pi / pi_old, no clipping (clip_* are unused).
+
+    On-policy (r = 1) its gradient is -A * grad log pi, the REINFORCE gradient.
+    """
+    ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
+    loss = -advantages * ratio
+    none = torch.zeros_like(ratio, dtype=torch.bool)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
+    return _zero_outside(loss, response_mask), metrics
+
+
+PolicyLossFn = Callable[..., "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
+
+POLICY_LOSSES: dict[str, PolicyLossFn] = {
+    "ppo_clip": ppo_clip,
+    "gspo": gspo,
+    "cispo": cispo,
+    "gmpo": gmpo,
+    "vanilla": vanilla,
+}
+
+
+def get_policy_loss(name: str) -> PolicyLossFn:
+    """Look up a policy loss by name; unknown names raise ValueError listing the valid ones."""
+    if name not in POLICY_LOSSES:
+        raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}")
+    return POLICY_LOSSES[name]
