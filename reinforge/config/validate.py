@@ -44,14 +44,16 @@ def check_model_path(path: str, key: str) -> None:
     _need((Path(path) / "config.json").exists(), f"{key}={path!r}: not a Hugging Face model folder (no config.json)")
 
 
-def check_batch_sizes(batch: int, mini: int, micro: int, section: str) -> int:
-    """Returns the effective mini-batch size (0 means the whole batch)."""
+def check_batch_sizes(batch: int, mini: int, micro: int, section: str) -> tuple[int, int]:
+    """Returns the effective (mini, micro) sizes. A mini-batch of 0 means the whole batch; a
+    micro-batch larger than the mini-batch is capped to it."""
     mini = mini or batch
+    micro = min(micro, mini)
     _need(mini > 0 and batch % mini == 0,
           f"{section}.mini_batch_size={mini} must divide the batch of data.train_batch_size * rollout.n = {batch}")
     _need(micro > 0 and mini % micro == 0,
           f"{section}.micro_batch_size={micro} must divide {section}.mini_batch_size={mini}")
-    return mini
+    return mini, micro
 
 
 def validate(cfg: RLConfig) -> RLConfig:
@@ -89,10 +91,12 @@ def validate(cfg: RLConfig) -> RLConfig:
     batch = cfg.data.train_batch_size * r.n
     d = cfg.derived
     d["batch_size"] = batch
-    d["actor_mini_batch_size"] = check_batch_sizes(batch, act.mini_batch_size, act.micro_batch_size, "actor")
+    d["actor_mini_batch_size"], d["actor_micro_batch_size"] = check_batch_sizes(
+        batch, act.mini_batch_size, act.micro_batch_size, "actor")
     d["critic_enabled"] = a.adv_estimator in advantages.NEEDS_VALUES or a.value_pretrain_steps > 0
     if d["critic_enabled"]:
-        d["critic_mini_batch_size"] = check_batch_sizes(batch, crit.mini_batch_size, crit.micro_batch_size, "critic")
+        d["critic_mini_batch_size"], d["critic_micro_batch_size"] = check_batch_sizes(
+            batch, crit.mini_batch_size, crit.micro_batch_size, "critic")
         if crit.model_path:
             check_model_path(crit.model_path, "critic.model_path")
     d["reference_enabled"] = bool(act.use_kl_loss or a.use_kl_in_reward)

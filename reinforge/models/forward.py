@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import torch
 
-from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
 from reinforge.algos.logprobs import entropy_from_logits, logprobs_from_logits
 
 
@@ -38,6 +37,8 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     pos = position_ids_from_mask(attention_mask)
     backbone, head = _lm_parts(model)
     if fused and getattr(head, "bias", None) is None:
+        from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
+
         hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
                           use_cache=False).last_hidden_state[:, -T - 1:-1]  # (B, T, H)
         B, _, H = hidden.shape

@@ -38,9 +38,10 @@ class MetricSum:
 
 class ActorWorker:
     def __init__(self, model, cfg: ActorConfig, model_cfg: ModelConfig, *, total_steps: int,
-                 mini_batch_size: int, loss_norm_const: float, seed: int):
+                 mini_batch_size: int, micro_batch_size: int, loss_norm_const: float, seed: int):
         self.model, self.cfg, self.mcfg = model, cfg, model_cfg
-        self.mini_batch_size, self.loss_norm_const = mini_batch_size, loss_norm_const
+        self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
+        self.loss_norm_const = loss_norm_const
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, cfg.lr, cfg.weight_decay, cfg.betas)
         self.sched = make_scheduler(self.opt, cfg.warmup_steps, total_steps, cfg.lr_schedule)
@@ -61,7 +62,7 @@ class ActorWorker:
         was_training = self.model.training
         self.model.eval()
         logps, ents = [], []
-        for mb in batch.split(self.cfg.micro_batch_size):
+        for mb in batch.split(self.micro_batch_size):
             lp, ent = self._forward(mb, temperature, with_entropy)
             logps.append(lp.float())
             ents.append(ent.float() if ent is not None else None)
@@ -104,7 +105,7 @@ class ActorWorker:
             denom = agg_denominators(mask.float())
             n_mini += 1
             finite = True
-            for mb in mini.split(self.cfg.micro_batch_size):
+            for mb in mini.split(self.micro_batch_size):
                 loss, m = self._micro_loss(mb, denom, temperature)
                 if not torch.isfinite(loss):
                     finite = False

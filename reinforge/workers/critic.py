@@ -13,8 +13,10 @@ from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimize
 
 
 class CriticWorker:
-    def __init__(self, model, cfg: CriticConfig, *, total_steps: int, mini_batch_size: int, seed: int):
-        self.model, self.cfg, self.mini_batch_size = model, cfg, mini_batch_size
+    def __init__(self, model, cfg: CriticConfig, *, total_steps: int, mini_batch_size: int, micro_batch_size: int,
+                 seed: int):
+        self.model, self.cfg = model, cfg
+        self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, cfg.lr, cfg.weight_decay)
         self.sched = make_scheduler(self.opt, cfg.warmup_steps, total_steps, "constant")
@@ -28,7 +30,7 @@ class CriticWorker:
     def values(self, batch: Batch) -> Batch:
         """-> values (B, T): the critic's estimate before each response token."""
         self.model.eval()
-        vals = torch.cat([self._values(mb) for mb in batch.split(self.cfg.micro_batch_size)])
+        vals = torch.cat([self._values(mb) for mb in batch.split(self.micro_batch_size)])
         self.model.train()
         return Batch({"values": vals * batch["response_mask"]})
 
@@ -41,7 +43,7 @@ class CriticWorker:
             mask = mini["response_mask"].float()
             denom = agg_denominators(mask)
             n_mini += 1
-            for mb in mini.split(c.micro_batch_size):
+            for mb in mini.split(self.micro_batch_size):
                 m_mask = mb["response_mask"].float()
                 vpreds = self._values(mb)
                 loss, m = clipped_value_loss(vpreds, mb["values"], mb["returns"], m_mask, c.cliprange_value,

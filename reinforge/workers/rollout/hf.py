@@ -78,6 +78,9 @@ class HFRollout:
             resp = torch.cat([resp, pad], dim=1)
         return resp
 
+    def sync_weights(self, actor_model) -> None:
+        """Nothing to do: generation runs on the actor's own module."""
+
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
         """prompts: non-tensor `prompt_ids` (token lists) and `uid` (B0,) int64 plus any per-prompt
         fields, which are repeated. Returns B = B0 * n rows with prompts (B, P), responses (B, T),

@@ -1,0 +1,20 @@
+"""Exceptions that mean "bad input": the CLI prints them as one line and exits with code 2."""
+from __future__ import annotations
+
+
+def _collect() -> tuple[type[BaseException], ...]:
+    from reinforge.config.load import ConfigError
+    from reinforge.data import DataError
+    from reinforge.models.loading import ModelLoadError
+
+    errors: list[type[BaseException]] = [ConfigError, DataError, ModelLoadError, FloatingPointError, FileNotFoundError]
+    try:
+        from reinforge.rewards import RewardError
+
+        errors.append(RewardError)
+    except ImportError:
+        pass
+    return tuple(errors)
+
+
+USER_ERRORS = _collect()

@@ -1,0 +1,190 @@
+"""The RL trainer: the step of seed 000 on one screen, plus the loop around it (validation,
+logging, checkpoints, resume, export, report).
+
+    batch   = rollout.generate(prompts)                # (B, P+T), n samples per prompt
+    batch  |= reward.score(batch)                      # token_level_scores
+    batch  |= actor.log_probs(batch)                   # old_log_probs (+ entropy)
+    batch  |= reference.log_probs(batch)               # when KL is used
+    batch  |= critic.values(batch)                     # when the estimator needs values
+    batch   = apply_kl_in_reward(batch, kl_controller) # when configured
+    batch  |= compute_advantages(batch, estimator)
+    metrics = critic.update(batch), actor.update(batch)
+    rollout.sync_weights(actor)                        # no-op for the in-process HF rollout
+"""
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from reinforge.protocol import Batch
+from reinforge.trainers import stages
+from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state,
+                                           save_checkpoint, seed_everything, set_rng_state)
+from reinforge.trainers.logging import RunLogger, Timer
+from reinforge.trainers.metrics import batch_metrics
+from reinforge.trainers.rl_setup import build_components
+from reinforge.trainers.validation import prompts_batch, validate
+
+
+class RLTrainer:
+    def __init__(self, cfg):
+        self.cfg = cfg
+        seed_everything(cfg.trainer.seed)
+        c = build_components(cfg)
+        self.tok, self.actor_model, self.critic_model = c.tokenizer, c.actor_model, c.critic_model
+        self.rollout, self.reward, self.actor = c.rollout, c.reward, c.actor
+        self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl
+        self.loader, self.val_items = c.loader, c.val_items
+        self.run_dir = Path(cfg.trainer.run_dir)
+        self.timer, self.step_idx, self.next_uid = Timer(), 0, 0
+
+    # ---- one step -------------------------------------------------------------------------
+    def _rollout_round(self) -> Batch:
+        items = next(self.loader)
+        prompts = prompts_batch(items, self.next_uid)
+        self.next_uid += len(items)
+        with self.timer("gen"):
+            batch = self.rollout.generate(prompts, n=self.cfg.rollout.n, temperature=self.cfg.rollout.temperature)
+        with self.timer("reward"):
+            scored, self._reward_metrics = self.reward.score(batch)
+        return batch | scored
+
+    def collect_batch(self) -> tuple[Batch, dict[str, float]]:
+        """One rollout round, or (dynamic sampling) rounds until enough informative groups."""
+        a, want = self.cfg.algorithm, self.cfg.data.train_batch_size
+        if not a.dynamic_sampling:
+            return self._rollout_round(), {}
+        kept, seen, n_kept, rounds = [], 0, 0, 0
+        while n_kept < want and rounds < a.max_gen_rounds:
+            b, s, k = stages.keep_informative_groups(self._rollout_round())
+            kept.append(b)
+            seen, n_kept, rounds = seen + s, n_kept + k, rounds + 1
+        batch = Batch.concat([b for b in kept if len(b)]) if n_kept else Batch()
+        if n_kept > want:  # keep exactly `want` groups, in generation order
+            keep_ids = torch.unique_consecutive(batch["group_ids"])[:want]
+            batch = batch.index(torch.isin(batch["group_ids"], keep_ids).nonzero().flatten().tolist())
+        return batch, {"dynamic_sampling/gen_rounds": rounds, "dynamic_sampling/kept_ratio": n_kept / max(seen, 1),
+                       "dynamic_sampling/batch_fill": min(n_kept, want) / want}
+
+    def step(self) -> dict[str, float]:
+        cfg, d = self.cfg, self.cfg.derived
+        t0 = time.perf_counter()
+        batch, metrics = self.collect_batch()
+        metrics.update(self._reward_metrics)
+        if len(batch) == 0:  # dynamic sampling found no informative group: nothing to learn from
+            return {**metrics, **self.timer.pop(), "step/skipped": 1.0}
+        with self.timer("old_log_prob"):
+            batch = batch | self.actor.log_probs(batch)
+        if self.reference is not None:
+            with self.timer("ref"):
+                batch = batch | self.reference.log_probs(batch)
+        if self.critic is not None:
+            with self.timer("values"):
+                batch = batch | self.critic.values(batch)
+        if cfg.algorithm.use_kl_in_reward:
+            kl_batch, kl_metrics = stages.apply_kl_in_reward(batch, self.kl_ctrl, cfg.algorithm.kl_penalty)
+            batch, metrics = batch | kl_batch, {**metrics, **kl_metrics}
+        if cfg.algorithm.overlong_filter:
+            f_batch, f_metrics = stages.overlong_filter(batch)
+            batch, metrics = batch | f_batch, {**metrics, **f_metrics}
+        with self.timer("adv"):
+            batch = batch | stages.advantages_stage(batch, cfg.algorithm, value_pretraining=self.value_pretraining)
+        if self.critic is not None:
+            with self.timer("update_critic"):
+                metrics.update(self.critic.update(batch))
+        if not self.actor_frozen:
+            with self.timer("update_actor"):
+                metrics.update(self.actor.update(batch))
+        self.rollout.sync_weights(self.actor_model)
+        metrics.update(batch_metrics(batch, cfg.rollout.max_response_length))
+        metrics.update(self.timer.pop())
+        elapsed = time.perf_counter() - t0
+        metrics["timing_s/step"] = elapsed
+        metrics["perf/throughput"] = float(batch["attention_mask"].sum()) / elapsed
+        return metrics
+
+    @property
+    def value_pretraining(self) -> bool:
+        return self.step_idx <= self.cfg.algorithm.value_pretrain_steps
+
+    @property
+    def actor_frozen(self) -> bool:
+        return self.value_pretraining or self.step_idx <= self.cfg.critic.warmup_actor_freeze_steps
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def run_validation(self) -> dict[str, float]:
+        if not self.val_items:
+            return {}
+        with self.timer("val"):
+            m = validate(self.rollout, self.reward, self.val_items, n=self.cfg.rollout.val_n,
+                         temperature=self.cfg.rollout.val_temperature, pass_k=list(self.cfg.trainer.pass_k),
+                         batch_size=self.cfg.data.val_batch_size,
+                         samples_path=self.run_dir / "samples" / f"step_{self.step_idx}.jsonl")
+        return {**m, **self.timer.pop()}
+
+    def fit(self, resume: bool | str = False) -> dict[str, float]:
+        """Train to trainer.total_steps. `resume`: True (latest checkpoint) or a checkpoint path."""
+        t = self.cfg.trainer
+        if resume:
+            self.resume(None if resume is True else resume)
+        logger = RunLogger(self.run_dir, list(t.loggers), t.total_steps, start_step=self.step_idx,
+                           progress=t.progress, config=self.cfg.to_dict())
+        last: dict[str, float] = {}
+        try:
+            if t.val_before_train and self.step_idx == 0:
+                last = self.run_validation()
+                logger.log(0, last)
+            while self.step_idx < t.total_steps:
+                self.step_idx += 1
+                metrics = self.step()
+                if (t.val_every and self.step_idx % t.val_every == 0) or self.step_idx == t.total_steps:
+                    metrics.update(self.run_validation())
+                logger.log(self.step_idx, metrics)
+                logger.advance()
+                last = {**last, **metrics}
+                if (t.save_every and self.step_idx % t.save_every == 0) or self.step_idx == t.total_steps:
+                    self.save()
+            if t.export_hf:
+                export_hf(self.actor_model, self.tok, self.run_dir / "hf")
+        finally:
+            logger.close()
+            self.reward.close()
+        if t.report:
+            from reinforge.report import write_report
+
+            write_report(self.run_dir)
+        return last
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def _models(self) -> dict:
+        models = {"actor": self.actor_model}
+        if self.critic_model is not None:
+            models["critic"] = self.critic_model
+        return models
+
+    def save(self) -> Path:
+        state = {"step": self.step_idx, "next_uid": self.next_uid, "rng": rng_state(),
+                 "loader": self.loader.state_dict(), "actor": self.actor.state_dict(),
+                 "critic": self.critic.state_dict() if self.critic is not None else None,
+                 "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None}
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self._models(), state,
+                               yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), self.cfg.trainer.keep_last)
+
+    def resume(self, path: str | None = None) -> int:
+        """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
+        ckpt = Path(path) if path else latest_checkpoint(self.run_dir / "checkpoints")
+        if ckpt is None:
+            return 0
+        state = load_checkpoint(ckpt, self._models())
+        self.step_idx, self.next_uid = state["step"], state["next_uid"]
+        self.loader.load_state_dict(state["loader"])
+        self.actor.load_state_dict(state["actor"])
+        if self.critic is not None and state["critic"] is not None:
+            self.critic.load_state_dict(state["critic"])
+        if self.kl_ctrl is not None and state["kl_ctrl"] is not None:
+            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
+        set_rng_state(state["rng"])
+        return self.step_idx

@@ -1,0 +1,69 @@
+"""Named stages of the RL step that presets switch on: KL in the reward, advantages, dynamic
+sampling (DAPO), overlong filtering (DAPO). Each takes a Batch and returns a Batch plus metrics;
+the trainer calls them by configuration, never by algorithm name."""
+from __future__ import annotations
+
+import torch
+
+from reinforge.algos.advantages import AdvantageInput, compute_advantages
+from reinforge.algos.kl import kl_penalty
+from reinforge.algos.masked import masked_mean
+from reinforge.config.schema import AlgorithmConfig
+from reinforge.protocol import Batch
+
+
+def apply_kl_in_reward(batch: Batch, ctrl, estimator: str) -> tuple[Batch, dict[str, float]]:
+    """token_level_rewards = token_level_scores - beta * KL(actor || ref) per token; updates `ctrl`."""
+    mask = batch["response_mask"].float()
+    kld = kl_penalty(batch["old_log_probs"], batch["ref_log_probs"], estimator) * mask  # (B, T)
+    beta = ctrl.value
+    current_kl = float(masked_mean(kld, mask, dim=-1).mean())  # mean over sequences of per-seq mean
+    ctrl.update(current_kl, len(batch))
+    out = Batch({"token_level_rewards": batch["token_level_scores"] - beta * kld})
+    return out, {"actor/reward_kl_penalty": current_kl, "actor/reward_kl_penalty_coeff": beta}
+
+
+def advantages_stage(batch: Batch, algo: AlgorithmConfig, value_pretraining: bool = False) -> Batch:
+    """Advantages and returns by the configured estimator (on the controller process).
+
+    During VAPO value pretraining the critic's targets are Monte-Carlo returns (lambda = 1)."""
+    rewards = batch["token_level_rewards"] if "token_level_rewards" in batch else batch["token_level_scores"]
+    inp = AdvantageInput(
+        token_level_rewards=rewards, response_mask=batch["response_mask"].float(),
+        values=batch["values"] if "values" in batch else None,
+        group_ids=batch["group_ids"], gamma=algo.gamma, lam=algo.lam,
+        lam_critic=1.0 if value_pretraining else algo.lam_critic,
+        length_adaptive_alpha=algo.length_adaptive_alpha, norm_by_std=algo.norm_adv_by_std,
+        baseline_rewards=batch["baseline_scores"] if "baseline_scores" in batch else None)
+    adv, ret = compute_advantages(algo.adv_estimator, inp)
+    out = {"advantages": adv, "returns": ret}
+    if "token_level_rewards" not in batch:
+        out["token_level_rewards"] = rewards
+    return Batch(out)
+
+
+def zero_variance_groups(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
+    """(B,) scores, (B,) ids -> (B,) bool: row belongs to a group whose scores are all equal."""
+    _, inv = torch.unique(group_ids, return_inverse=True)
+    n = int(inv.max()) + 1 if len(inv) else 0
+    gmax = torch.full((n,), -float("inf")).scatter_reduce(0, inv, scores.float(), "amax")
+    gmin = torch.full((n,), float("inf")).scatter_reduce(0, inv, scores.float(), "amin")
+    return (gmax == gmin)[inv]
+
+
+def keep_informative_groups(batch: Batch) -> tuple[Batch, int, int]:
+    """DAPO dynamic sampling filter: drop groups whose scores are all equal (zero advantage).
+
+    Returns the kept rows, the number of groups seen and the number kept."""
+    flat = zero_variance_groups(batch["seq_scores"], batch["group_ids"])
+    keep = (~flat).nonzero().flatten().tolist()
+    n_groups = len(torch.unique(batch["group_ids"]))
+    n_kept = len(torch.unique(batch["group_ids"][~flat])) if keep else 0
+    return batch.index(keep), n_groups, n_kept
+
+
+def overlong_filter(batch: Batch) -> tuple[Batch, dict[str, float]]:
+    """DAPO overlong filtering: truncated responses (no EOS) get loss_mask 0 everywhere."""
+    keep = (~batch["truncated"]).float()[:, None]
+    loss_mask = batch["response_mask"].float() * keep
+    return Batch({"loss_mask": loss_mask}), {"overlong/filtered_frac": float(1 - keep.mean())}
