@@ -144,7 +144,7 @@ def grpo(inp: AdvantageInput):
     centered = s - mean[inv]  # exactly 0 in singleton groups
     if inp.norm_by_std:
         var = _safe_div(_group_sum(centered**2, inv, G), count - 1)  # (G,), 0 for singletons
-        centered = centered / (var.sqrt()[inv] + inp.eps)
+        centered = _safe_div(centered, var.sqrt()[inv] + inp.eps)  # 0/0 -> 0 (eps = 0)
     adv = _broadcast(centered, inp.response_mask)
     return adv, adv
 
