@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import concurrent.futures as cf
 import math
 import pickle
+import threading
 from typing import Any, Callable
 
 from reinforge.rewards.pool import ERROR, OK, TIMEOUT, TimeoutPool
@@ -28,6 +28,30 @@ def _normalize(value: Any) -> tuple[float, dict[str, float]]:
     if not math.isfinite(float(value)):
         raise ValueError(f"reward is not finite: {value}")
     return float(value), extras
+
+
+def _call_in_thread(fn: Callable, args: tuple, timeout: float | None):
+    """fn(*args) in a daemon thread; TimeoutError after `timeout` seconds.
+
+    A thread cannot be killed, so a hung call is abandoned. It is a daemon thread (unlike
+    ThreadPoolExecutor's workers, which interpreter exit joins) so it cannot block shutdown.
+    """
+    box: dict[str, Any] = {}
+
+    def target():
+        try:
+            box["value"] = fn(*args)
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, name="reward-batched", daemon=True)
+    thread.start()
+    thread.join(timeout)
+    if thread.is_alive():
+        raise TimeoutError
+    if "error" in box:
+        raise box["error"]
+    return box["value"]
 
 
 class _Fn:
@@ -76,7 +100,6 @@ class RewardManager:
         self.batched_timeout_s = batched_timeout_s
         self.num_workers = num_workers
         self._pool = TimeoutPool(num_workers, timeout_s) if num_workers > 0 else None
-        self._threads = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
         if self._pool is not None:
             for f in self.fns:
                 if not f.batched and not isinstance(f.ref, str):
@@ -103,13 +126,10 @@ class RewardManager:
     def _run_batched(self, f: _Fn, prompts, responses, gts, extras) -> list[tuple[str, Any]]:
         n = len(prompts)
         timeout = self.batched_timeout_s or self.timeout_s * max(1, n)
-        future = self._threads.submit(f.fn, list(prompts), list(responses), list(gts), list(extras))
         try:
-            values = future.result(timeout=None if self.num_workers == 0 else timeout)
-        except cf.TimeoutError:
-            # A thread cannot be killed: abandon it and its executor, keep going with a new one.
-            self._threads.shutdown(wait=False, cancel_futures=True)
-            self._threads = cf.ThreadPoolExecutor(max_workers=1, thread_name_prefix="reward")
+            values = _call_in_thread(f.fn, (list(prompts), list(responses), list(gts), list(extras)),
+                                     None if self.num_workers == 0 else timeout)
+        except TimeoutError:
             return [(TIMEOUT, f"batched call timed out after {timeout:g}s")] * n
         except Exception as exc:  # noqa: BLE001
             return [(ERROR, f"{type(exc).__name__}: {exc}")] * n
@@ -155,7 +175,6 @@ class RewardManager:
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
-        self._threads.shutdown(wait=False, cancel_futures=True)
 
     def __enter__(self) -> "RewardManager":
         return self
