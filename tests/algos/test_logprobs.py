@@ -1,0 +1,101 @@
+import math
+
+import pytest
+import torch
+
+from reinforge.algos import (
+    entropy_from_logits,
+    entropy_from_logits_chunked,
+    fused_logprobs_from_hidden,
+    logprobs_and_entropy_from_logits,
+    logprobs_from_logits,
+)
+
+
+def naive(logits, labels, T=1.0):
+    logp = torch.log_softmax(logits / T, -1)
+    return logp.gather(-1, labels.unsqueeze(-1)).squeeze(-1), -(logp.exp() * logp).sum(-1)
+
+
+def test_hand_computed():
+    logits = torch.tensor([[0.0, math.log(3.0)]])  # p = [0.25, 0.75]
+    labels = torch.tensor([1])
+    assert torch.allclose(logprobs_from_logits(logits, labels), torch.tensor([math.log(0.75)]))
+    H = -(0.25 * math.log(0.25) + 0.75 * math.log(0.75))
+    assert torch.allclose(entropy_from_logits(logits), torch.tensor([H]))
+    assert torch.allclose(entropy_from_logits_chunked(logits), torch.tensor([H]))
+    # temperature 2: logits / 2 -> p proportional to [1, sqrt(3)]
+    p1 = math.sqrt(3) / (1 + math.sqrt(3))
+    assert torch.allclose(logprobs_from_logits(logits, labels, temperature=2.0), torch.tensor([math.log(p1)]))
+
+
+@pytest.mark.parametrize("T", [1.0, 0.7])
+def test_matches_naive_with_grads(gen, T):
+    full = torch.randn(3, 9, 50, generator=gen, dtype=torch.float64)
+    logits = full[:, 2:7].requires_grad_(False)  # non-contiguous slice, like logits[:, -T-1:-1]
+    x = logits.clone().requires_grad_(True)
+    y = torch.randint(0, 50, (3, 5), generator=gen)
+    lp, ent = logprobs_and_entropy_from_logits(x, y, T, chunk_size=4)
+    lp_ref, ent_ref = naive(x, y, T)
+    assert torch.allclose(lp, lp_ref, atol=1e-12) and torch.allclose(ent, ent_ref, atol=1e-12)
+    w1, w2 = torch.randn(3, 5, generator=gen, dtype=torch.float64), torch.randn(3, 5, generator=gen, dtype=torch.float64)
+    g = torch.autograd.grad((lp * w1 + ent * w2).sum(), x)[0]
+    g_ref = torch.autograd.grad((lp_ref * w1 + ent_ref * w2).sum(), x)[0]
+    assert torch.allclose(g, g_ref, atol=1e-12)
+    # the non-contiguous view itself
+    v = full.clone().requires_grad_(True)
+    lp_v = logprobs_from_logits(v[:, 2:7], y, T, chunk_size=3)
+    assert torch.allclose(lp_v, lp_ref.detach(), atol=1e-12)
+    lp_v.sum().backward()
+    g_full = torch.autograd.grad(naive(v[:, 2:7], y, T)[0].sum(), v)[0]
+    assert torch.allclose(v.grad, g_full, atol=1e-12)
+
+
+def test_gradcheck_logits(gen):
+    x = torch.randn(2, 3, 6, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 6, (2, 3), generator=gen)
+    for T in (1.0, 1.3):
+        assert torch.autograd.gradcheck(lambda a: logprobs_from_logits(a, y, T, chunk_size=2), (x,))
+        assert torch.autograd.gradcheck(lambda a: logprobs_and_entropy_from_logits(a, y, T, chunk_size=4), (x,))
+        assert torch.autograd.gradcheck(lambda a: entropy_from_logits_chunked(a, 5, T), (x,))
+
+
+def test_bf16_logits_computed_in_fp32(gen):
+    x = torch.randn(4, 100, generator=gen).bfloat16().requires_grad_(True)
+    y = torch.randint(0, 100, (4,), generator=gen)
+    lp, ent = logprobs_and_entropy_from_logits(x, y)
+    lp_ref, ent_ref = naive(x.float(), y)
+    assert lp.dtype == torch.float32 and torch.allclose(lp, lp_ref, atol=1e-5)
+    assert torch.allclose(ent, ent_ref, atol=1e-5)
+    (lp.sum() + ent.sum()).backward()
+    assert x.grad.dtype == torch.bfloat16 and torch.isfinite(x.grad.float()).all()
+
+
+@pytest.mark.parametrize("T,with_ent", [(1.0, False), (0.8, True)])
+def test_fused_matches_reference(gen, T, with_ent):
+    N, H, V = 11, 8, 30
+    h = torch.randn(N, H, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(V, H, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, V, (N,), generator=gen)
+    lp, ent = fused_logprobs_from_hidden(h, w, y, temperature=T, chunk_size=4, return_entropy=with_ent)
+    lp_ref, ent_ref = naive(h @ w.T, y, T)
+    assert torch.allclose(lp, lp_ref, atol=1e-12)
+    loss, loss_ref = lp.sum(), lp_ref.sum()
+    if with_ent:
+        assert torch.allclose(ent, ent_ref, atol=1e-12)
+        loss, loss_ref = loss + 0.3 * ent.sum(), loss_ref + 0.3 * ent_ref.sum()
+    else:
+        assert ent is None
+    g = torch.autograd.grad(loss, (h, w))
+    g_ref = torch.autograd.grad(loss_ref, (h, w))
+    assert all(torch.allclose(a, b, atol=1e-10) for a, b in zip(g, g_ref))
+
+
+def test_fused_gradcheck(gen):
+    h = torch.randn(5, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(7, 3, generator=gen, dtype=torch.float64, requires_grad=True)
+    y = torch.randint(0, 7, (5,), generator=gen)
+    assert torch.autograd.gradcheck(lambda a, b: fused_logprobs_from_hidden(a, b, y, 1.0, 2)[0], (h, w))
+    assert torch.autograd.gradcheck(
+        lambda a, b: fused_logprobs_from_hidden(a, b, y, 0.9, 3, return_entropy=True), (h, w)
+    )
