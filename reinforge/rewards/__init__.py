@@ -3,6 +3,8 @@
 A reward function is fn(prompt: str, response: str, ground_truth, **extra) -> float | dict
 (a dict has "score"; its other numeric keys are logged as reward/<key>). A batched one has
 `fn.batched = True` and maps (prompts, responses, ground_truths, extras) -> list.
+An optional `fn.preload_modules = ("heavy_module",)` makes reward worker processes import
+those modules at start-up, so a slow import is not charged to the first call's timeout.
 """
 
 from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward, soft_overlong_punishment

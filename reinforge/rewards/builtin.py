@@ -75,3 +75,8 @@ def math_verify_reward(prompt: str, response: str, ground_truth, **extra) -> flo
     if not gold or not pred:
         return 0.0
     return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
+
+
+# Reward worker processes import these before their first call (sympy takes ~1 s), so that the
+# import is not charged to the first call's timeout.
+math_verify_reward.preload_modules = ("math_verify",)

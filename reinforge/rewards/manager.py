@@ -99,7 +99,13 @@ class RewardManager:
         self.timeout_s, self.default_score, self.max_error_rate = timeout_s, default_score, max_error_rate
         self.batched_timeout_s = batched_timeout_s
         self.num_workers = num_workers
-        self._pool = TimeoutPool(num_workers, timeout_s) if num_workers > 0 else None
+        self._pool = None
+        if num_workers > 0:
+            per_sample = [f for f in self.fns if not f.batched]
+            # Workers resolve string specs and import declared heavy modules before taking work.
+            specs = [f.ref for f in per_sample if isinstance(f.ref, str)]
+            modules = sorted({m for f in per_sample for m in getattr(f.fn, "preload_modules", ())})
+            self._pool = TimeoutPool(num_workers, timeout_s, preload_specs=specs, preload_modules=modules)
         if self._pool is not None:
             for f in self.fns:
                 if not f.batched and not isinstance(f.ref, str):

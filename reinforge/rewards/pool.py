@@ -9,6 +9,7 @@ parent may hold CUDA state or threads that a forked child would inherit broken).
 
 from __future__ import annotations
 
+import importlib
 import multiprocessing as mp
 import signal
 import time
@@ -17,14 +18,26 @@ from multiprocessing.connection import wait
 from typing import Any
 
 OK, ERROR, TIMEOUT = "ok", "error", "timeout"
+STARTUP_TIMEOUT_S = 120.0  # importing sympy & co. on a loaded 2-core machine can take a while
 
 
-def _worker_main(conn) -> None:
-    """Worker loop: receive (task_id, fn_ref, args, kwargs), reply (task_id, status, value)."""
+def _worker_main(conn, preload_specs: list[str], preload_modules: list[str]) -> None:
+    """Worker loop: preload, say ready, then receive (task_id, fn_ref, args, kwargs) and reply."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
     from reinforge.rewards.registry import load_reward_fn
 
     cache: dict[str, Any] = {}
+    try:
+        # Slow imports happen here, before the first call's clock starts, so a cold worker's
+        # first call is not mistaken for a hang.
+        for name in preload_modules:
+            importlib.import_module(name)
+        for spec in preload_specs:
+            cache[spec] = load_reward_fn(spec)
+        conn.send(("ready", None))
+    except BaseException as exc:  # noqa: BLE001
+        conn.send(("ready", f"{type(exc).__name__}: {exc}"))
+        return
     while True:
         try:
             msg = conn.recv()
@@ -34,10 +47,7 @@ def _worker_main(conn) -> None:
             return
         task_id, fn_ref, args, kwargs = msg
         try:
-            if isinstance(fn_ref, str):
-                fn = cache.get(fn_ref) or cache.setdefault(fn_ref, load_reward_fn(fn_ref))
-            else:
-                fn = fn_ref
+            fn = fn_ref if not isinstance(fn_ref, str) else cache.get(fn_ref) or cache.setdefault(fn_ref, load_reward_fn(fn_ref))
             reply = (task_id, OK, fn(*args, **kwargs))
         except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported, not fatal
             reply = (task_id, ERROR, f"{type(exc).__name__}: {exc}")
@@ -48,12 +58,21 @@ def _worker_main(conn) -> None:
 
 
 class _Worker:
-    def __init__(self, ctx):
+    def __init__(self, ctx, preload_specs: list[str], preload_modules: list[str]):
         self.conn, child = ctx.Pipe(duplex=True)
-        self.proc = ctx.Process(target=_worker_main, args=(child,), daemon=True)
+        self.proc = ctx.Process(target=_worker_main, args=(child, preload_specs, preload_modules), daemon=True)
         self.proc.start()
         child.close()
+        self.ready = False
         self.task: tuple[int, float] | None = None  # (task index, start time) while busy
+
+    def wait_ready(self, timeout: float) -> None:
+        if not self.conn.poll(timeout):
+            raise RuntimeError(f"reward worker did not start within {timeout:g}s")
+        _, error = self.conn.recv()
+        if error is not None:
+            raise RuntimeError(f"reward worker failed to start: {error}")
+        self.ready = True
 
     def kill(self) -> None:
         if self.proc.is_alive():
@@ -68,14 +87,17 @@ class TimeoutPool:
     status is "ok" (value = the return value), "error" (value = "Type: message") or
     "timeout" (the worker ran past timeout_s and was killed). fn_ref is a picklable callable
     or a reward spec string that workers resolve (and cache) with load_reward_fn.
+    `preload_specs` / `preload_modules` are resolved / imported by each worker at start-up.
     """
 
-    def __init__(self, num_workers: int, timeout_s: float, start_method: str = "forkserver"):
+    def __init__(self, num_workers: int, timeout_s: float, *, preload_specs=(), preload_modules=(),
+                 start_method: str = "forkserver"):
         if num_workers < 1:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         methods = mp.get_all_start_methods()
         self._ctx = mp.get_context(start_method if start_method in methods else "spawn")
         self.num_workers, self.timeout_s = num_workers, timeout_s
+        self._preload = (list(preload_specs), list(preload_modules))
         self._workers: list[_Worker | None] = [None] * num_workers
         self.restarts = 0  # workers killed for running past their deadline or dying
 
@@ -84,27 +106,43 @@ class TimeoutPool:
         self._workers[i] = None
         self.restarts += 1
 
-    def _send(self, i: int, msg) -> _Worker:
-        """Send to worker i, starting it if needed and replacing it if it died while idle."""
-        for _ in range(2):
-            w = self._workers[i] = self._workers[i] or _Worker(self._ctx)
+    def _start_missing(self, wanted: int) -> None:
+        """Start up to `wanted` absent workers together, then wait until all are ready."""
+        fresh = []
+        for i in range(self.num_workers):
+            if self._workers[i] is None and len(fresh) < wanted:
+                self._workers[i] = _Worker(self._ctx, *self._preload)
+                fresh.append(i)
+        for i in fresh:
             try:
-                w.conn.send(msg)
-                return w
-            except (BrokenPipeError, OSError):
+                self._workers[i].wait_ready(STARTUP_TIMEOUT_S)
+            except RuntimeError:
                 self._replace(i)
-        raise RuntimeError("reward worker could not be started")
+                raise
+
+    def _idle(self) -> list[int]:
+        return [i for i, w in enumerate(self._workers) if w is not None and w.task is None]
 
     def run(self, tasks: list[tuple[Any, tuple, dict]]) -> list[tuple[str, Any]]:
         results: list[tuple[str, Any] | None] = [None] * len(tasks)
         pending = deque(range(len(tasks)))
         while pending or any(w is not None and w.task is not None for w in self._workers):
-            for i in range(self.num_workers):  # hand one task to every idle worker
-                if pending and (self._workers[i] is None or self._workers[i].task is None):
-                    t = pending.popleft()
-                    w = self._send(i, (t, *tasks[t]))
+            if pending:
+                self._start_missing(len(pending) - len(self._idle()))
+            for i in self._idle():  # hand one task to every idle worker
+                if not pending:
+                    break
+                t = pending.popleft()
+                w = self._workers[i]
+                try:
+                    w.conn.send((t, *tasks[t]))
                     w.task = (t, time.monotonic())
+                except (BrokenPipeError, OSError):  # died while idle: retry the task on a new worker
+                    pending.appendleft(t)
+                    self._replace(i)
             busy = [w for w in self._workers if w is not None and w.task is not None]
+            if not busy:
+                continue
             deadline = min(w.task[1] for w in busy) + self.timeout_s
             for conn in wait([w.conn for w in busy], timeout=max(0.0, deadline - time.monotonic())):
                 i = next(j for j, w in enumerate(self._workers) if w is not None and w.conn is conn)
@@ -129,7 +167,7 @@ class TimeoutPool:
                 try:
                     w.conn.send(None)
                     w.proc.join(timeout=1)
-                except (OSError, BrokenPipeError):
+                except OSError:
                     pass
                 w.kill()
                 self._workers[i] = None
