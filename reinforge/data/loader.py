@@ -62,5 +62,6 @@ class PromptLoader:
         """Resume; refuses a state from a different dataset size, seed or batch size."""
         for key, mine in (("seed", self.seed), ("batch_size", self.batch_size), ("num_items", len(self.dataset))):
             if key in state and state[key] != mine:
-                raise ValueError(f"loader state has {key}={state[key]} but this loader has {key}={mine}; resuming would change the batches")
+                raise ValueError(f"loader state has {key}={state[key]} but this loader has {key}={mine}; "
+                                 "resuming would change the batches")
         self.epoch, self.position, self._order = int(state["epoch"]), int(state["position"]), None

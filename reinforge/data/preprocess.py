@@ -66,7 +66,8 @@ def preprocess_gsm8k(in_path: str, out_path: str, *, split: str | None = None) -
         gt = gsm8k_answer(solution)
         if gt is None:
             raise row_error(in_path, i, "answer", "no '#### <answer>' in the solution")
-        out.append(_rl_row("openai/gsm8k", question, GSM8K_INSTRUCTION, gt, split, i, {"answer": solution, "question": question}))
+        extra = {"answer": solution, "question": question}
+        out.append(_rl_row("openai/gsm8k", question, GSM8K_INSTRUCTION, gt, split, i, extra))
     if not out:
         raise DataError(f"{in_path}: no rows")
     return write_rows(out, out_path)

@@ -22,7 +22,8 @@ def _ground_truth(row: dict, path: str, i: int, required: bool) -> tuple[Any, st
         gt = row[column] if column else None
     if required and (gt is None or (isinstance(gt, str) and not gt.strip())):
         field = "reward_model.ground_truth" if "reward_model" in row else "ground_truth"
-        raise row_error(path, i, field, f"missing or empty (looked in reward_model.ground_truth, {', '.join(GROUND_TRUTH_COLUMNS)})")
+        looked = ", ".join(("reward_model.ground_truth",) + GROUND_TRUTH_COLUMNS)
+        raise row_error(path, i, field, f"missing or empty (looked in {looked})")
     return gt, column
 
 

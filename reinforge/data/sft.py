@@ -18,7 +18,8 @@ def _prompt_and_response(row: dict, tokenizer, path: str, i: int) -> tuple[str, 
             raise row_error(path, i, "messages", "needs at least one message before a final 'assistant' message")
         prompt = render_prompt(messages[:-1], tokenizer, path, i, "messages")
         return prompt, response_text(messages[-1]["content"], path, i, "messages")
-    return render_prompt(row.get("prompt"), tokenizer, path, i, "prompt"), response_text(row.get("response"), path, i, "response")
+    prompt = render_prompt(row.get("prompt"), tokenizer, path, i, "prompt")
+    return prompt, response_text(row.get("response"), path, i, "response")
 
 
 def fit_length(ids: list[int], mask: list[int], max_length: int, policy: str, path: str, i: int):

@@ -13,7 +13,8 @@ def check_messages(value: Any, path: str, row: int, field: str) -> list[dict]:
         raise row_error(path, row, field, "empty message list")
     for j, msg in enumerate(value):
         if not isinstance(msg, dict) or not isinstance(msg.get("role"), str) or not isinstance(msg.get("content"), str):
-            raise row_error(path, row, field, f"message {j} must be a dict with string 'role' and 'content', got {msg!r:.80}")
+            got = repr(msg)[:80]
+            raise row_error(path, row, field, f"message {j} must be a dict with string 'role' and 'content', got {got}")
     return list(value)
 
 

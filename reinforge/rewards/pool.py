@@ -47,7 +47,9 @@ def _worker_main(conn, preload_specs: list[str], preload_modules: list[str]) -> 
             return
         task_id, fn_ref, args, kwargs = msg
         try:
-            fn = fn_ref if not isinstance(fn_ref, str) else cache.get(fn_ref) or cache.setdefault(fn_ref, load_reward_fn(fn_ref))
+            if isinstance(fn_ref, str) and fn_ref not in cache:
+                cache[fn_ref] = load_reward_fn(fn_ref)
+            fn = cache[fn_ref] if isinstance(fn_ref, str) else fn_ref
             reply = (task_id, OK, fn(*args, **kwargs))
         except BaseException as exc:  # noqa: BLE001 - any failure of user code is reported, not fatal
             reply = (task_id, ERROR, f"{type(exc).__name__}: {exc}")

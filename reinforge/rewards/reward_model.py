@@ -19,7 +19,9 @@ class RewardModelScorer:
                  dtype: torch.dtype | None = None):
         from transformers import AutoModelForSequenceClassification, AutoTokenizer
 
-        self.tokenizer = AutoTokenizer.from_pretrained(tokenizer or model_path) if tokenizer is None or isinstance(tokenizer, str) else tokenizer
+        if tokenizer is None or isinstance(tokenizer, str):  # a path, or None: the model folder's own
+            tokenizer = AutoTokenizer.from_pretrained(tokenizer or model_path)
+        self.tokenizer = tokenizer
         self.model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=dtype)
         self.model.to(device).eval()
         self.device, self.batch_size = torch.device(device), batch_size
@@ -47,7 +49,8 @@ class RewardModelScorer:
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
         out: list[float] = []
         for start in range(0, len(prompts), self.batch_size):
-            texts = [p + r for p, r in zip(prompts[start : start + self.batch_size], responses[start : start + self.batch_size])]
+            stop = start + self.batch_size
+            texts = [p + r for p, r in zip(prompts[start:stop], responses[start:stop])]
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
             length = max(len(x) for x in ids)
             input_ids = torch.full((len(ids), length), self.pad_id, dtype=torch.long)

@@ -97,11 +97,13 @@ def make_task_data(
         paths[split] = write_rows(rows, os.path.join(out_dir, f"{split}.parquet"))
     info = [{"split": "sft", "index": i} for i in range(len(sft))]
     sft_rows = [
-        {"data_source": name, "prompt": ex.prompt, "response": ex.answer, "ground_truth": ex.ground_truth, "extra_info": x}
+        {"data_source": name, "prompt": ex.prompt, "response": ex.answer, "ground_truth": ex.ground_truth,
+         "extra_info": x}
         for ex, x in zip(sft, info)
     ]
     pref_rows = [
-        {"data_source": name, "prompt": ex.prompt, "chosen": ex.answer, "rejected": ex.wrong, "ground_truth": ex.ground_truth}
+        {"data_source": name, "prompt": ex.prompt, "chosen": ex.answer, "rejected": ex.wrong,
+         "ground_truth": ex.ground_truth}
         for ex in sft
     ]
     paths["sft"] = write_rows(sft_rows, os.path.join(out_dir, "sft.parquet"))

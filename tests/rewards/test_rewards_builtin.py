@@ -66,3 +66,13 @@ def test_load_reward_fn_specs(tmp_path):
         load_reward_fn(f"{tmp_path}/my_reward.py:missing")
     with pytest.raises(ValueError, match="not found"):
         load_reward_fn(f"{tmp_path}/absent.py:fn")
+
+
+def test_task_rewards_through_registry():
+    arith, countdown = load_reward_fn("arithmetic"), load_reward_fn("countdown")
+    assert arith("37+45=", "82", "82") == 1.0 and arith("37+45=", "83", "82") == 0.0
+    assert arith("37+45=", HUGE, "82") == 0.0 and arith("37+45=", "", "82") == 0.0
+    gt = {"numbers": [3, 5, 2], "target": 16}
+    assert countdown("", "(3+5)*2", gt) == 1.0
+    for bad in ["__import__('os')", "(3+5)*2; import os", "lambda: 16", HUGE, "", "(3+5)*2)"]:
+        assert countdown("", bad, gt) == 0.0
