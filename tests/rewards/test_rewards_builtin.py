@@ -76,3 +76,11 @@ def test_task_rewards_through_registry():
     assert countdown("", "(3+5)*2", gt) == 1.0
     for bad in ["__import__('os')", "(3+5)*2; import os", "lambda: 16", HUGE, "", "(3+5)*2)"]:
         assert countdown("", bad, gt) == 0.0
+
+
+def test_auto_reward_dispatches_on_data_source():
+    auto = load_reward_fn("auto")
+    assert auto("", "(3+5)*2", '{"numbers": [3, 5, 2], "target": 16}', data_source="countdown") == 1.0
+    assert auto("", "so \\boxed{\\frac{1}{2}}", "0.5", data_source="openai/gsm8k") == 1.0
+    assert auto("", "0.50", "0.5", data_source="custom") == 0.0  # exact match elsewhere
+    assert auto("", "82", "82") == 1.0
