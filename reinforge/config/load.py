@@ -66,7 +66,7 @@ def _check_keys(schema, data: dict, prefix: str = "") -> None:
         dotted = f"{prefix}{key}"
         if key not in valid:
             close = difflib.get_close_matches(key, list(valid), n=1)
-            hint = f"; did you mean {prefix}{close[0]!r}?" if close else f"; valid keys: {sorted(valid)}"
+            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {sorted(valid)}"
             raise ConfigError(f"unknown config key {dotted!r}{hint}")
         ftype = valid[key].default_factory if valid[key].default_factory is not None else None  # type: ignore[misc]
         sub = ftype() if callable(ftype) else None

@@ -1,0 +1,48 @@
+"""Shared fixtures: a tiny Qwen2 model with the character tokenizer, and arithmetic task data,
+built once per test session in a temp folder (nothing is downloaded)."""
+from __future__ import annotations
+
+import os
+
+from pathlib import Path
+
+import pytest
+import torch
+
+DIGIT_REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:digit_fraction"
+
+torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> str:
+    from reinforge.models.tiny import make_tiny_model
+    from reinforge.tasks import build_char_tokenizer
+
+    out = tmp_path_factory.mktemp("tiny_model")
+    tok = build_char_tokenizer()
+    make_tiny_model(tok, str(out), seed=0, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
+                    intermediate_size=128)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def arith_data(tmp_path_factory) -> dict:
+    from reinforge.tasks import make_task_data
+
+    out = tmp_path_factory.mktemp("arith")
+    return make_task_data("arithmetic", str(out), n_train=64, n_test=8, n_sft=64, seed=0, digits=1)
+
+
+def rl_overrides(model_dir: str, data: dict, run_dir: str, **extra) -> list[str]:
+    """Overrides for a seconds-long RL run on the tiny model."""
+    base = {
+        "model.path": model_dir, "data.train_files": f"[{data['train']}]", "data.val_files": f"[{data['test']}]",
+        "data.max_prompt_length": 8, "rollout.max_response_length": 6, "data.train_batch_size": 4,
+        "rollout.n": 4, "trainer.total_steps": 2, "trainer.run_dir": run_dir, "rollout.val_n": 2,
+        "trainer.pass_k": "[1,2]", "reward.functions": f"[{{name: '{DIGIT_REWARD}'}}]", "trainer.progress": False,
+        "trainer.loggers": "[jsonl]", "actor.micro_batch_size": 8, "actor.lr": 1e-3, "critic.lr": 1e-3,
+        "trainer.report": False,
+    }
+    base.update(extra)
+    return [f"{k}={v}" for k, v in base.items()]

@@ -1,0 +1,148 @@
+"""End-to-end RL runs on a tiny model: PPO and GRPO through the CLI, bit-exact resume, exact
+micro-batch accumulation, and bad-input handling."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from reinforge.cli.main import main
+from reinforge.config.load import load_config
+from reinforge.config.schema import RLConfig
+from reinforge.trainers.rl import RLTrainer
+from tests.conftest import rl_overrides
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    out = {}
+    for f in files:
+        out.update(load_file(str(f)))
+    return out
+
+
+def _metrics(run_dir: Path) -> list[dict]:
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("preset", ["grpo", "ppo"])
+def test_train_end_to_end(preset, tiny_model_dir, arith_data, tmp_path):
+    run = tmp_path / preset
+    rc = main(["train", "--config", preset, *rl_overrides(tiny_model_dir, arith_data, str(run),
+                                                            **{"trainer.report": True})])
+    assert rc == 0
+    before, after = _weights(Path(tiny_model_dir)), _weights(run / "hf")
+    changed = [k for k in after if k in before and not torch.equal(before[k], after[k])]
+    assert changed, "no parameter changed"
+    rows = _metrics(run)
+    steps = [r for r in rows if r["step"] > 0]
+    assert len(steps) == 2
+    for key in ("actor/pg_loss", "actor/grad_norm", "critic/score/mean", "response_length/mean", "perf/throughput",
+                "timing_s/gen", "val/acc_greedy"):
+        assert math.isfinite(steps[-1][key]), key
+    if preset == "ppo":
+        assert math.isfinite(steps[-1]["critic/vf_loss"]) and "actor/reward_kl_penalty_coeff" in steps[-1]
+        assert (run / "checkpoints" / "step_2" / "critic.safetensors").exists()
+    else:
+        assert "actor/kl_loss" in steps[-1]
+    assert (run / "checkpoints" / "step_2" / "COMPLETE").exists()
+    assert (run / "config.yaml").exists() and (run / "report" / "index.html").exists()
+    assert list((run / "samples").glob("step_*.jsonl"))
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(run / "hf")
+
+
+def test_resume_is_bit_exact(tiny_model_dir, arith_data, tmp_path):
+    """Stop after step 2 (a crash), resume: the final weights equal an uninterrupted run's."""
+    extra = {"trainer.total_steps": 3, "trainer.save_every": 1, "trainer.keep_last": 3,
+             "trainer.val_every": 2, "trainer.export_hf": False, "actor.ppo_epochs": 2, "actor.mini_batch_size": 8}
+    full = load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "a"), **extra))
+    RLTrainer(full).fit()
+
+    crashed = load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "b"), **extra))
+    trainer = RLTrainer(crashed)
+    real_step = trainer.step
+
+    def crash_on_third():
+        if trainer.step_idx == 3:
+            raise RuntimeError("simulated crash")
+        return real_step()
+
+    trainer.step = crash_on_third
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        trainer.fit()
+    # A half-written checkpoint from a crash mid-save must be ignored.
+    (tmp_path / "b" / "checkpoints" / ".tmp_step_3_999").mkdir()
+    resumed = RLTrainer(load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "b"), **extra)))
+    resumed.fit(resume=True)
+    for name in ("actor", "critic"):
+        a = load_file(str(tmp_path / "a" / "checkpoints" / "step_3" / f"{name}.safetensors"))
+        b = load_file(str(tmp_path / "b" / "checkpoints" / "step_3" / f"{name}.safetensors"))
+        for k in a:
+            assert torch.equal(a[k], b[k]), f"{name}.{k} differs after resume"
+
+
+def test_micro_batches_accumulate_exactly(tiny_model_dir, arith_data, tmp_path):
+    """One update with micro-batch 16 (= mini-batch) and with micro-batch 2 give the same weights."""
+    results = []
+    for micro in (16, 2):
+        cfg = load_config(RLConfig, "grpo", rl_overrides(
+            tiny_model_dir, arith_data, str(tmp_path / f"m{micro}"),
+            **{"trainer.total_steps": 1, "actor.micro_batch_size": micro, "actor.mini_batch_size": 16,
+               "actor.loss_agg_mode": "seq-mean-token-mean", "trainer.val_before_train": False,
+               "data.val_files": "[]", "trainer.export_hf": False}))
+        t = RLTrainer(cfg)
+        t.fit()
+        results.append({k: v.detach().clone() for k, v in t.actor_model.state_dict().items()})
+    for k in results[0]:
+        assert torch.allclose(results[0][k], results[1][k], atol=1e-6, rtol=0), k
+
+
+def test_bad_inputs_exit_nonzero(tiny_model_dir, arith_data, tmp_path, capsys):
+    assert main(["train", "--config", "grpo", *rl_overrides("/no/such/model", arith_data, str(tmp_path))]) == 2
+    assert "model.path" in capsys.readouterr().err
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    rc = main(["train", "--config", "grpo", *rl_overrides(tiny_model_dir, arith_data, str(tmp_path),
+                                                           **{"data.train_files": f"[{empty}]"})])
+    assert rc == 2 and "empty.jsonl" in capsys.readouterr().err
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps({"prompt": "", "ground_truth": "1"}) + "\n")
+    rc = main(["train", "--config", "grpo", *rl_overrides(tiny_model_dir, arith_data, str(tmp_path),
+                                                           **{"data.train_files": f"[{bad}]"})])
+    err = capsys.readouterr().err
+    assert rc == 2 and "bad.jsonl" in err and "row 0" in err and "prompt" in err
+
+
+def test_reward_function_errors_are_counted_then_fatal(tiny_model_dir, arith_data, tmp_path, capsys):
+    fn = tmp_path / "flaky.py"
+    fn.write_text("def reward(prompt, response, ground_truth, **kw):\n    raise ValueError('boom')\n")
+    over = rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "r"),
+                        **{"reward.functions": f"[{{name: '{fn}:reward'}}]", "reward.max_error_rate": 1.0,
+                           "trainer.total_steps": 1, "trainer.val_before_train": False})
+    assert main(["train", "--config", "grpo", *over]) == 0
+    row = [r for r in _metrics(tmp_path / "r") if r["step"] == 1][0]
+    assert row["reward/errors"] > 0
+    over = [o for o in over if not o.startswith("reward.max_error_rate")] + ["reward.max_error_rate=0.5"]
+    assert main(["train", "--config", "grpo", *over]) == 2
+    assert "boom" in capsys.readouterr().err
+
+
+def test_nonfinite_loss_is_skipped_then_aborts(tiny_model_dir, arith_data, tmp_path):
+    cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path),
+                                                     **{"trainer.total_steps": 3, "actor.max_nonfinite_steps": 2,
+                                                        "trainer.val_before_train": False}))
+    t = RLTrainer(cfg)
+    t.actor.loss_fn = lambda *a, **k: (torch.full_like(a[0], float("nan")), {})
+    before = {k: v.clone() for k, v in t.actor_model.state_dict().items()}
+    with pytest.raises(FloatingPointError, match="consecutive updates"):
+        t.fit()
+    for k, v in t.actor_model.state_dict().items():
+        assert torch.equal(v, before[k]), "a non-finite update must not touch the weights"
+    shutil.rmtree(tmp_path, ignore_errors=True)
