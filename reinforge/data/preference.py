@@ -57,6 +57,9 @@ class PreferenceDataset:
     def __getitem__(self, idx: int) -> dict:
         return self.items[idx]
 
+    def __iter__(self):
+        return iter(self.items)
+
 
 def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:
     """Chosen rows then rejected rows, right-padded: input_ids, attention_mask, loss_mask (2B, L).

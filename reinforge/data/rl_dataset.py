@@ -95,3 +95,6 @@ class RLDataset:
 
     def __getitem__(self, idx: int) -> dict:
         return dict(self.items[idx])  # a copy: callers may add keys without touching the dataset
+
+    def __iter__(self):
+        return (dict(it) for it in self.items)

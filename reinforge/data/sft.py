@@ -72,6 +72,9 @@ class SFTDataset:
     def __getitem__(self, idx: int) -> dict:
         return self.items[idx]
 
+    def __iter__(self):
+        return iter(self.items)
+
 
 def pad_right(seqs: list[list[int]], pad_value: int) -> "torch.Tensor":
     """(B, L) int64 tensor, each sequence right-padded to the longest."""
