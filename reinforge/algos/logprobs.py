@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-CHUNK_ELEMENTS = 1 << 22  # elements of a (rows, V) float chunk: 16 MiB in fp32
+CHUNK_ELEMENTS = 1 << 20  # elements of a (rows, V) float chunk: 4 MiB in fp32, cache-friendly
 
 
 def _acc_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -46,7 +46,7 @@ def _chunk_forward(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
     logp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
     ent = None
     if with_entropy:
-        p = torch.exp(z - lse.unsqueeze(-1))  # one chunk-sized temporary
+        p = (z - lse.unsqueeze(-1)).exp_()  # one chunk-sized temporary
         ent = lse - p.mul_(z).sum(-1)
     return lse, logp, ent
 
@@ -133,7 +133,7 @@ def logprobs_from_logits(
     """log softmax(logits / T)[labels]. logits (..., V), labels (...) int64 -> (...).
 
     Output dtype: fp32 for half/bf16 logits, else the logits' dtype. chunk_size: rows per
-    chunk (None -> about 4M elements per chunk).
+    chunk (None -> about 1M elements per chunk).
     """
     rows = _rows_for(logits.shape[-1], chunk_size)
     logp = _LogProbEntropy.apply(logits, labels, float(temperature), False, rows)
