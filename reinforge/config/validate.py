@@ -79,6 +79,11 @@ def validate(cfg: RLConfig) -> RLConfig:
     if a.adv_estimator in advantages.NEEDS_GROUPS:
         _need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "
                         f"rollout.n={r.n} must be >= 2")
+    _need(not a.dynamic_sampling or r.n >= 2,
+          f"algorithm.dynamic_sampling keeps groups whose rewards differ: rollout.n={r.n} must be >= 2")
+    _need(0 <= a.overlong_buffer_len < r.max_response_length,
+          f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be in [0, rollout.max_response_length="
+          f"{r.max_response_length})")
     _need(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (greedy is used for validation)")
     _need(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
     _need(act.clip_low >= 0 and act.clip_high >= 0, "actor.clip_low and actor.clip_high must be >= 0")

@@ -89,15 +89,18 @@ def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient
     _check_folder(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
     arch = (config.architectures or [""])[0]
+    # A reward model's head, or a pretrained critic's (VAPO value pretraining), is kept.
     from_rm = arch.endswith("ForSequenceClassification") and not reinit_head
+    from_critic = arch.endswith("ForTokenClassification") and not reinit_head
     config.num_labels = 1
     config.classifier_dropout = 0.0  # dropout on values makes targets noisy; the critic wants none
     # A sequence-classification head has no bias; match it so the RM's head loads as the value head.
-    config.token_classification_bias = not from_rm
+    if not from_critic:
+        config.token_classification_bias = not from_rm
     model = AutoModelForTokenClassification.from_pretrained(
         path, config=config, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
         attn_implementation=attn_implementation, local_files_only=True, ignore_mismatched_sizes=True)
-    if not from_rm:
+    if not (from_rm or from_critic):
         # A small head keeps the initial values near zero, so early advantages are not dominated
         # by a random value function.
         torch.nn.init.normal_(model.score.weight, std=1e-3)

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 import yaml
 
+from reinforge.algos.advantages import NEEDS_BASELINE
 from reinforge.protocol import Batch
 from reinforge.trainers import stages
 from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state,
@@ -76,6 +77,10 @@ class RLTrainer:
         metrics.update(self._reward_metrics)
         if len(batch) == 0:  # dynamic sampling found no informative group: nothing to learn from
             return {**metrics, **self.timer.pop(), "step/skipped": 1.0}
+        if cfg.algorithm.adv_estimator in NEEDS_BASELINE:
+            with self.timer("baseline"):
+                b_batch, b_metrics = stages.greedy_baseline(batch, self.rollout, self.reward)
+            batch, metrics = batch | b_batch, {**metrics, **b_metrics}
         with self.timer("old_log_prob"):
             batch = batch | self.actor.log_probs(batch)
         if self.reference is not None:
@@ -99,6 +104,9 @@ class RLTrainer:
             with self.timer("update_actor"):
                 metrics.update(self.actor.update(batch))
         self.rollout.sync_weights(self.actor_model)
+        if self.step_idx == cfg.algorithm.value_pretrain_steps and self.critic is not None:
+            # VAPO: the pretrained critic is kept for later runs (critic.model_path=...).
+            export_hf(self.critic_model, self.tok, self.run_dir / "critic_pretrained")
         metrics.update(batch_metrics(batch, cfg.rollout.max_response_length))
         metrics.update(self.timer.pop())
         elapsed = time.perf_counter() - t0

@@ -42,6 +42,21 @@ def advantages_stage(batch: Batch, algo: AlgorithmConfig, value_pretraining: boo
     return Batch(out)
 
 
+def greedy_baseline(batch: Batch, rollout, reward) -> tuple[Batch, dict[str, float]]:
+    """ReMax: one greedy response per prompt; its score is the baseline of the prompt's samples.
+
+    -> baseline_scores (B,), aligned with the rows of `batch` through their group ids."""
+    uniq, inv = torch.unique(batch["group_ids"], return_inverse=True)
+    first = torch.full((len(uniq),), len(batch), dtype=torch.long).scatter_reduce(
+        0, inv, torch.arange(len(batch)), "amin")  # first row of each group
+    prompts = batch.index(first.tolist()).select(["prompt_ids", "prompt_text", "ground_truth", "data_source", "extra"])
+    prompts["uid"] = uniq
+    greedy = rollout.generate(prompts, n=1, greedy=True)
+    scored, _ = reward.score(greedy)
+    base = scored["seq_scores"]  # (G,) in the order of `uniq`
+    return Batch({"baseline_scores": base[inv]}), {"remax/baseline_score_mean": float(base.mean())}
+
+
 def zero_variance_groups(scores: torch.Tensor, group_ids: torch.Tensor) -> torch.Tensor:
     """(B,) scores, (B,) ids -> (B,) bool: row belongs to a group whose scores are all equal."""
     _, inv = torch.unique(group_ids, return_inverse=True)

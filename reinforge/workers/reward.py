@@ -38,7 +38,8 @@ class RewardWorker:
         if cfg.reward_model_path:
             from reinforge.rewards import RewardModelScorer
 
-            self.rm = RewardModelScorer(cfg.reward_model_path, tokenizer, device=device)
+            # The reward model reads text with its own tokenizer (its vocabulary may differ from the policy's).
+            self.rm = RewardModelScorer(cfg.reward_model_path, None, device=device)
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """-> token_level_scores (B, T), acc (B,) in {0, 1} and response_text; plus reward metrics."""

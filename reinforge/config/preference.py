@@ -1,0 +1,196 @@
+"""Typed configuration of preference training: DPO (`reinforge dpo`) and reward models (`reinforge rm`).
+
+Both read the same preference files (prompt/chosen/rejected, text or chat messages) and share
+the data, optim and trainer sections; the method's own knobs live under `dpo:` or `rm:`. The
+model section is the RL one, so an SFT export, a DPO run and the RL run after it read the same
+keys. `validate_preference` checks and derives in one place before any model loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from reinforge.config.load import ConfigError
+from reinforge.config.schema import ModelConfig
+
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+REDUCTIONS = ("sum", "mean")
+
+
+@dataclass
+class PrefDataConfig:
+    train_files: list = field(default_factory=list)
+    """Parquet/JSONL files of prompt/chosen/rejected rows (a task's prefs.parquet)."""
+    val_files: list = field(default_factory=list)
+    """Held-out pairs; empty means hold out data.val_fraction of the training pairs."""
+    val_fraction: float = 0.05
+    """Fraction of training pairs held out for evaluation when val_files is empty (0: none)."""
+    max_val_pairs: int = 256
+    """Evaluate on at most this many held-out pairs."""
+    max_length: int = 128
+    """Longest prompt + response + EOS in tokens."""
+    overlong: str = "error"
+    """What to do with a longer pair: error or skip."""
+    batch_size: int = 16
+    """Pairs per optimizer step (each pair is two sequences)."""
+    seed: int = 1
+    """Shuffling seed for the pair order and the held-out split."""
+
+
+@dataclass
+class PrefOptimConfig:
+    lr: float = 1e-5
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear LR warmup, in optimizer steps."""
+    lr_schedule: str = "constant"
+    """LR schedule after warmup: constant, cosine or linear (to zero at the last step)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    micro_batch_size: int = 16
+    """Pairs per forward/backward; gradients accumulate to the batch exactly."""
+    total_steps: int = 0
+    """Optimizer steps; 0 means derive from `epochs`."""
+    epochs: float = 1.0
+    """Passes over the training pairs when total_steps is 0."""
+
+
+@dataclass
+class DPOParams:
+    beta: float = 0.1
+    """Strength of the implicit KL to the reference (smaller: the policy may move further)."""
+    loss_type: str = "sigmoid"
+    """sigmoid (DPO), ipo or hinge (SLiC)."""
+    label_smoothing: float = 0.0
+    """sigmoid only: assumed probability that a pair's label is flipped (conservative DPO)."""
+    reduction: str = "sum"
+    """Sequence log-prob: sum of token log-probs (the paper) or their mean (length-normalised)."""
+    ref_model_path: Optional[str] = None
+    """Reference model folder; None means model.path (the policy's starting point)."""
+    precompute_ref: bool = False
+    """Compute reference log-probs once, cache them in run_dir/ref_logps.pt, and free the reference."""
+
+
+@dataclass
+class RMParams:
+    score_eos: bool = False
+    """Score at the EOS after the response (True) or at the response's last token (False, as the
+    RL reward scorer reads decoded text without EOS)."""
+    center_rewards_coef: float = 0.0
+    """Weight of a (r_chosen + r_rejected)^2 penalty that keeps rewards centred on zero."""
+
+
+@dataclass
+class GenEvalConfig:
+    prompt_files: list = field(default_factory=list)
+    """RL-schema prompt files with ground truth (a task's test.parquet) for greedy accuracy of
+    the policy during DPO; empty skips it."""
+    reward_functions: list = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
+    """Reward functions that score the generated answers, as reward.functions of the RL config."""
+    max_prompt_length: int = 64
+    """Prompts are left-padded to this length for generation."""
+    max_response_length: int = 32
+    """Tokens generated per answer."""
+    max_samples: int = 200
+    """Prompts evaluated (the first N of the files)."""
+    n: int = 1
+    """Samples per prompt for the sampled accuracy (greedy always runs)."""
+    temperature: float = 1.0
+    """Temperature of the sampled evaluation."""
+    batch_size: int = 64
+    """Prompts per generation call."""
+
+
+@dataclass
+class PrefTrainerConfig:
+    run_dir: str = "runs/pref"
+    """Run directory: config, metrics, checkpoints, hf export."""
+    seed: int = 1
+    """Global seed (torch, numpy, random)."""
+    device: str = "auto"
+    """cpu, cuda or auto."""
+    save_every: int = 0
+    """Checkpoint every k steps (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
+    val_every: int = 0
+    """Evaluate on the held-out pairs every k steps (0: only at the end)."""
+    val_before_train: bool = True
+    """Evaluate once before the first step."""
+    loggers: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    """console, jsonl, tensorboard, wandb, mlflow."""
+    progress: bool = True
+    """Show a progress bar."""
+    export_hf: bool = True
+    """Write the final model as a from_pretrained-loadable folder in run_dir/hf."""
+
+
+@dataclass
+class _PrefConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: PrefDataConfig = field(default_factory=PrefDataConfig)
+    optim: PrefOptimConfig = field(default_factory=PrefOptimConfig)
+    trainer: PrefTrainerConfig = field(default_factory=PrefTrainerConfig)
+    derived: dict = field(default_factory=dict)
+    """Filled by validate_preference(): values computed from the others (not for users to set)."""
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+@dataclass
+class DPOConfig(_PrefConfig):
+    dpo: DPOParams = field(default_factory=DPOParams)
+    eval: GenEvalConfig = field(default_factory=GenEvalConfig)
+
+
+@dataclass
+class RMConfig(_PrefConfig):
+    rm: RMParams = field(default_factory=RMParams)
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None) -> _PrefConfig:
+    """Check `cfg` and fill `cfg.derived` (device; total_steps once the data size is known)."""
+    from reinforge.config.validate import check_model_path, resolve_device
+
+    d, o = cfg.data, cfg.optim
+    check_model_path(cfg.model.path, "model.path")
+    _need(bool(d.train_files), "data.train_files is empty: give at least one prompt/chosen/rejected file")
+    files = list(d.train_files) + list(d.val_files)
+    if isinstance(cfg, DPOConfig):
+        files += list(cfg.eval.prompt_files)
+        p = cfg.dpo
+        _need(p.loss_type in DPO_LOSS_TYPES, f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(DPO_LOSS_TYPES)}")
+        _need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
+        _need(p.beta > 0, f"dpo.beta={p.beta} must be > 0")
+        _need(0 <= p.label_smoothing < 0.5, f"dpo.label_smoothing={p.label_smoothing} must be in [0, 0.5)")
+        _need(p.label_smoothing == 0 or p.loss_type == "sigmoid", "dpo.label_smoothing applies to loss_type=sigmoid only")
+        if p.ref_model_path:
+            check_model_path(p.ref_model_path, "dpo.ref_model_path")
+    for f in files:
+        _need(Path(f).exists(), f"data file {f!r} does not exist")
+    _need(d.overlong in ("error", "skip"), f"data.overlong={d.overlong!r}: error or skip")
+    _need(0 <= d.val_fraction < 1, f"data.val_fraction={d.val_fraction} must be in [0, 1)")
+    _need(o.lr_schedule in ("constant", "cosine", "linear"), f"optim.lr_schedule={o.lr_schedule!r}: constant, cosine or linear")
+    _need(d.batch_size > 0 and o.micro_batch_size > 0, "data.batch_size and optim.micro_batch_size must be > 0")
+    _need(d.max_length > 1, f"data.max_length={d.max_length} must be > 1")
+    _need(o.total_steps > 0 or o.epochs > 0, "set optim.total_steps > 0 or optim.epochs > 0")
+    cfg.derived["device"] = resolve_device(cfg.trainer.device)
+    cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
+    if num_train_pairs is not None:
+        _need(num_train_pairs >= d.batch_size,
+              f"only {num_train_pairs} training pairs, fewer than data.batch_size={d.batch_size}")
+        cfg.derived["total_steps"] = o.total_steps or max(1, int(o.epochs * num_train_pairs / d.batch_size))
+    return cfg

@@ -1,0 +1,144 @@
+"""Typed configuration of supervised fine-tuning (`reinforge sft`).
+
+The model section is the RL one (reinforge.config.schema.ModelConfig), so an SFT run and the RL
+run that starts from its export read the same keys. `validate_sft` checks and derives in one
+place before any model loads.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+from reinforge.config.load import ConfigError
+from reinforge.config.schema import ModelConfig
+
+
+@dataclass
+class SFTDataConfig:
+    train_files: list = field(default_factory=list)
+    """Parquet/JSONL files of prompt/response (or messages) rows."""
+    val_files: list = field(default_factory=list)
+    """Held-out rows of the same schema for the validation loss."""
+    max_length: int = 128
+    """Longest prompt + response + EOS in tokens."""
+    overlong: str = "error"
+    """What to do with a longer row: error, skip or truncate_right."""
+    batch_size: int = 64
+    """Examples per optimizer step (with packing: rows of packed examples per step)."""
+    packing: bool = False
+    """Concatenate examples into rows of max_length tokens; attention never crosses examples."""
+    seed: int = 1
+    """Shuffling seed for the example order."""
+
+
+@dataclass
+class SFTOptimConfig:
+    lr: float = 1e-3
+    """AdamW learning rate."""
+    weight_decay: float = 0.0
+    """AdamW weight decay."""
+    betas: list = field(default_factory=lambda: [0.9, 0.999])
+    """AdamW betas."""
+    warmup_steps: int = 0
+    """Linear LR warmup, in optimizer steps."""
+    lr_schedule: str = "cosine"
+    """LR schedule after warmup: constant, cosine or linear (to zero at the last step)."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this value (0 disables)."""
+    micro_batch_size: int = 64
+    """Rows per forward/backward; gradients accumulate to the batch exactly."""
+    total_steps: int = 0
+    """Optimizer steps; 0 means derive from `epochs`."""
+    epochs: float = 1.0
+    """Passes over the training data when total_steps is 0."""
+
+
+@dataclass
+class SFTEvalConfig:
+    prompt_files: list = field(default_factory=list)
+    """RL-schema prompt files with ground truth (e.g. a built-in task's test.parquet) for
+    greedy / sampled accuracy and pass@k; empty skips the accuracy evaluation."""
+    reward_functions: list = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
+    """Reward functions scoring the generated answers, as reward.functions of the RL config."""
+    max_prompt_length: int = 64
+    """Prompts are left-padded to this length for generation."""
+    max_response_length: int = 32
+    """Tokens generated per answer."""
+    max_samples: int = 200
+    """Prompts evaluated (the first N of the files)."""
+    n: int = 8
+    """Samples per prompt for the sampled accuracy and pass@k (greedy always runs too)."""
+    temperature: float = 1.0
+    """Temperature of the sampled evaluation."""
+    pass_k: list = field(default_factory=lambda: [1, 8])
+    """k values of pass@k."""
+    batch_size: int = 64
+    """Prompts per generation call."""
+
+
+@dataclass
+class SFTTrainerConfig:
+    run_dir: str = "runs/sft"
+    """Run directory: config, metrics, checkpoints, hf export."""
+    seed: int = 1
+    """Global seed (torch, numpy, random)."""
+    device: str = "auto"
+    """cpu, cuda or auto."""
+    save_every: int = 0
+    """Checkpoint every k steps (0: only at the end)."""
+    keep_last: int = 2
+    """Checkpoints kept on disk."""
+    val_every: int = 0
+    """Validation loss (and accuracy) every k steps (0: only at the end)."""
+    val_before_train: bool = False
+    """Evaluate once before the first step."""
+    loggers: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
+    """console, jsonl, tensorboard, wandb, mlflow."""
+    progress: bool = True
+    """Show a progress bar."""
+    export_hf: bool = True
+    """Write the final model as a from_pretrained-loadable folder in run_dir/hf."""
+
+
+@dataclass
+class SFTConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: SFTDataConfig = field(default_factory=SFTDataConfig)
+    optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
+    eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
+    trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
+    derived: dict = field(default_factory=dict)
+    """Filled by validate_sft(): values computed from the others (not for users to set)."""
+
+    def to_dict(self) -> dict:
+        from dataclasses import asdict
+
+        return asdict(self)
+
+
+def _need(cond: bool, msg: str) -> None:
+    if not cond:
+        raise ConfigError(msg)
+
+
+def validate_sft(cfg: SFTConfig, num_train_examples: Optional[int] = None) -> SFTConfig:
+    """Check `cfg` and fill `cfg.derived` (device; total_steps once the data size is known)."""
+    from reinforge.config.validate import check_model_path, resolve_device
+
+    d, o = cfg.data, cfg.optim
+    check_model_path(cfg.model.path, "model.path")
+    _need(bool(d.train_files), "data.train_files is empty: give at least one parquet/JSONL file")
+    for f in list(d.train_files) + list(d.val_files) + list(cfg.eval.prompt_files):
+        _need(Path(f).exists(), f"data file {f!r} does not exist")
+    _need(d.overlong in ("error", "skip", "truncate_right"), f"data.overlong={d.overlong!r}: error, skip or truncate_right")
+    _need(o.lr_schedule in ("constant", "cosine", "linear"), f"optim.lr_schedule={o.lr_schedule!r}: constant, cosine or linear")
+    _need(d.batch_size > 0 and o.micro_batch_size > 0, "data.batch_size and optim.micro_batch_size must be > 0")
+    _need(d.max_length > 1, f"data.max_length={d.max_length} must be > 1")
+    _need(o.total_steps > 0 or o.epochs > 0, "set optim.total_steps > 0 or optim.epochs > 0")
+    cfg.derived["device"] = resolve_device(cfg.trainer.device)
+    cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
+    if num_train_examples is not None:
+        steps = o.total_steps or max(1, int(o.epochs * num_train_examples / d.batch_size))
+        cfg.derived["total_steps"] = steps
+    return cfg

@@ -1,0 +1,185 @@
+"""Direct Preference Optimization (`reinforge dpo`): https://arxiv.org/abs/2305.18290
+
+Per pair (x, y_c, y_r), with sequence log-probs logp(y|x) (sum or mean of token log-probs):
+
+    z    = (logp_pi(y_c) - logp_pi(y_r)) - (logp_ref(y_c) - logp_ref(y_r))
+    loss = -log sigma(beta z)            (sigmoid; or ipo / hinge, reinforge.algos.preference)
+
+Chosen and rejected sequences go through the policy in one forward pass (concatenated along
+the batch: rows b and B + b are pair b). The reference is either a frozen model kept in memory,
+or (dpo.precompute_ref) run once over all pairs at the start, its log-probs cached in
+run_dir/ref_logps.pt keyed by the data's and the reference's fingerprint, and then freed.
+"""
+from __future__ import annotations
+
+import gc
+import os
+from pathlib import Path
+
+import torch
+
+from reinforge.algos.preference import dpo_loss, sequence_logps
+from reinforge.config.preference import DPOConfig, validate_preference
+from reinforge.models.forward import response_logprobs
+from reinforge.models.loading import load_causal_lm, load_tokenizer
+from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_pairs, pair_tensors, prepare,
+                                                  print_summary)
+
+
+def policy_sequence_logps(model, batch: dict, model_cfg, reduction: str) -> torch.Tensor:
+    """Sequence log-probs of the response part of each row: (2B, L) batch -> (2B,).
+
+    Rows are right-padded whole sequences, so the "response" of response_logprobs is every token
+    after the first; loss_mask[:, 1:] keeps the chosen/rejected tokens (and their EOS).
+    """
+    L = batch["input_ids"].shape[1]
+    logp, _ = response_logprobs(model, batch["input_ids"], batch["attention_mask"], L - 1,
+                                fused=model_cfg.fused_logprobs, chunk_size=model_cfg.logprob_chunk_size)  # (2B, L-1)
+    return sequence_logps(logp.float(), batch["loss_mask"][:, 1:], reduction)
+
+
+def _model_fingerprint(path: str) -> str:
+    """Path plus weight files' sizes and mtimes: a re-exported reference invalidates the cache."""
+    p = Path(path).resolve()
+    files = sorted(f for f in p.iterdir() if f.suffix in (".safetensors", ".bin"))
+    return f"{p}|" + "|".join(f"{f.name}:{f.stat().st_size}:{f.stat().st_mtime_ns}" for f in files)
+
+
+@torch.no_grad()
+def reference_table(ref_model, pairs: PairSubset, pad_id: int, device, micro: int, model_cfg,
+                    reduction: str) -> torch.Tensor:
+    """Reference sequence log-probs of every pair, in subset order: (N, 2) [chosen, rejected]."""
+    rows = []
+    for start in range(0, len(pairs), micro):
+        items = [pairs[i] for i in range(start, min(start + micro, len(pairs)))]
+        seq = policy_sequence_logps(ref_model, pair_tensors(items, pad_id, device), model_cfg, reduction)
+        B = len(items)
+        rows.append(torch.stack([seq[:B], seq[B:]], dim=1).cpu())
+    return torch.cat(rows)
+
+
+def cached_reference_logps(cfg: DPOConfig, splits: dict[str, PairSubset], pad_id: int) -> dict[str, torch.Tensor]:
+    """{split: (N, 2)} from run_dir/ref_logps.pt, computing (and saving) what is missing.
+
+    The reference model is loaded only when some split is not cached, and freed right after.
+    """
+    m, d = cfg.model, cfg.derived
+    ref_path = cfg.dpo.ref_model_path or m.path
+    cache_file = Path(cfg.trainer.run_dir) / "ref_logps.pt"
+    cache = torch.load(cache_file, weights_only=True) if cache_file.exists() else {}
+    ref_id = _model_fingerprint(ref_path)
+    keys = {s: f"{s}:{p.fingerprint()}:{cfg.dpo.reduction}:{ref_id}" for s, p in splits.items()}
+    missing = [s for s in splits if keys[s] not in cache]
+    if missing:
+        ref = load_causal_lm(ref_path, dtype=m.dtype, device=d["device"], trust_remote_code=m.trust_remote_code,
+                             attn_implementation=m.attn_implementation, train=False)
+        for s in missing:
+            cache[keys[s]] = reference_table(ref, splits[s], pad_id, d["device"], d["micro_batch_size"], m,
+                                             cfg.dpo.reduction)
+        del ref
+        gc.collect()
+        cache_file.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cache_file.with_suffix(".tmp")
+        torch.save(cache, tmp)
+        os.replace(tmp, cache_file)  # a crash mid-write never leaves a truncated cache
+    return {s: cache[keys[s]] for s in splits}
+
+
+class GreedyEval:
+    """Greedy (and sampled) accuracy of the policy on RL prompt files, as RL validation does."""
+
+    def __init__(self, cfg: DPOConfig, model, tokenizer):
+        from reinforge.config.schema import AlgorithmConfig, RewardConfig
+        from reinforge.data import RLDataset
+        from reinforge.workers.reward import RewardWorker
+        from reinforge.workers.rollout.hf import HFRollout
+
+        e = self.e = cfg.eval
+        items = [it for f in e.prompt_files
+                 for it in RLDataset(f, tokenizer, max_prompt_length=e.max_prompt_length).items]
+        self.items = items[:e.max_samples]
+        self.rollout = HFRollout(model, tokenizer, max_prompt_length=e.max_prompt_length,
+                                 max_response_length=e.max_response_length, micro_batch_size=e.batch_size)
+        self.reward = RewardWorker(tokenizer, RewardConfig(functions=list(e.reward_functions)), AlgorithmConfig(),
+                                   max_response_length=e.max_response_length, device=cfg.derived["device"])
+
+    def __call__(self, samples_path: Path) -> dict[str, float]:
+        from reinforge.trainers.validation import validate
+
+        return validate(self.rollout, self.reward, self.items, n=self.e.n, temperature=self.e.temperature,
+                        pass_k=[], batch_size=self.e.batch_size, samples_path=samples_path)
+
+    def close(self) -> None:
+        self.reward.close()
+
+
+class DPOTrainer(PairTrainer):
+    name = "dpo"
+
+    def __init__(self, cfg: DPOConfig):
+        m = cfg.model
+        validate_preference(cfg)
+        tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+        train, val = load_pairs(cfg, tok)
+        validate_preference(cfg, len(train))
+        kw = dict(dtype=m.dtype, device=cfg.derived["device"], trust_remote_code=m.trust_remote_code,
+                  attn_implementation=m.attn_implementation)
+        self.model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **kw)
+        self.setup(cfg, tok, train, val)
+        self.reference, self.ref_cache = None, None
+        if cfg.dpo.precompute_ref:
+            splits = {"train": train, **({"val": val} if val else {})}
+            self.ref_cache = cached_reference_logps(cfg, splits, self.pad_id)
+        else:
+            self.reference = load_causal_lm(cfg.dpo.ref_model_path or m.path, train=False, **kw)
+        self.gen_eval = GreedyEval(cfg, self.model, tok) if cfg.eval.prompt_files else None
+
+    def reference_logps(self, items: list[dict], batch: dict, split: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B,), (B,) reference log-probs of the chosen and rejected responses."""
+        if self.ref_cache is not None:
+            table = self.ref_cache[split][torch.tensor([it["idx"] for it in items])].to(self.device)  # (B, 2)
+            return table[:, 0], table[:, 1]
+        with torch.no_grad():
+            ref = policy_sequence_logps(self.reference, batch, self.cfg.model, self.cfg.dpo.reduction)  # (2B,)
+        B = len(items)
+        return ref[:B], ref[B:]
+
+    def pair_loss(self, items: list[dict], split: str = "train"):
+        p, B = self.cfg.dpo, len(items)
+        batch = pair_tensors(items, self.pad_id, self.device)  # (2B, L): chosen rows, then rejected
+        seq = policy_sequence_logps(self.model, batch, self.cfg.model, p.reduction)  # (2B,)
+        ref_c, ref_r = self.reference_logps(items, batch, split)
+        loss, metrics = dpo_loss(seq[:B], seq[B:], ref_c, ref_r, beta=p.beta, loss_type=p.loss_type,
+                                 label_smoothing=p.label_smoothing)
+        metrics["logps/chosen"] = seq[:B].detach().mean()
+        metrics["logps/rejected"] = seq[B:].detach().mean()
+        return loss, metrics
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        out = super().evaluate()
+        if self.gen_eval is not None:
+            self.model.eval()
+            try:
+                out.update(self.gen_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl"))
+            finally:
+                self.model.train()
+        return out
+
+    def fit(self, resume: bool | str = False) -> dict[str, float]:
+        try:
+            return super().fit(resume)
+        finally:
+            if self.gen_eval is not None:
+                self.gen_eval.close()
+
+
+def main(args) -> int:
+    """`reinforge dpo [--config dpo] [--resume] overrides...`"""
+    if getattr(args, "config", None) is None:
+        args.config = "dpo"
+    cfg = prepare(DPOConfig, args)
+    trainer = DPOTrainer(cfg)
+    final = trainer.fit(resume=args.resume)
+    print_summary(final, cfg.trainer.run_dir)
+    return 0

@@ -1,0 +1,220 @@
+"""What DPO and reward-model training share: the pair data (train + held-out split), the step
+with exact gradient accumulation, held-out evaluation, logging, checkpoints, resume and export.
+
+A subclass supplies `pair_loss(items) -> (loss, metrics)`: the mean loss over the pairs in
+`items` and metric tensors that are means over them. The loop weights each micro-batch by its
+share of the pairs, so the gradient and the metrics equal those of one forward over the batch.
+"""
+from __future__ import annotations
+
+import hashlib
+import random
+import sys
+from pathlib import Path
+
+import torch
+import yaml
+
+from reinforge.config.load import save_config
+from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state,
+                                           save_checkpoint, seed_everything, set_rng_state)
+from reinforge.trainers.logging import RunLogger, Timer
+from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
+
+
+class PairSubset:
+    """Some items of a PreferenceDataset, each tagged with "idx", its position in this subset
+    (the row of its cached reference log-probs)."""
+
+    def __init__(self, dataset, indices: list[int]):
+        self.items = [{**dataset[i], "idx": k} for k, i in enumerate(indices)]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, k: int) -> dict:
+        return self.items[k]
+
+    def fingerprint(self) -> str:
+        """Hash of every pair's token ids, in order: the cache key of per-pair values."""
+        h = hashlib.sha256()
+        for it in self.items:
+            for key in ("prompt_ids", "chosen_ids", "rejected_ids"):
+                h.update(repr(it[key]).encode())
+        return h.hexdigest()[:16]
+
+
+def load_pairs(cfg, tokenizer) -> tuple[PairSubset, PairSubset | None]:
+    """Training pairs and held-out pairs (val_files, or a seeded val_fraction of the train files)."""
+    from reinforge.data import PreferenceDataset
+
+    d = cfg.data
+
+    def read(files):
+        parts = [PreferenceDataset(f, tokenizer, max_length=d.max_length, overlong=d.overlong) for f in files]
+        return [it for p in parts for it in p.items]
+
+    train = read(d.train_files)
+    idx = list(range(len(train)))
+    val = None
+    if d.val_files:
+        held = read(d.val_files)
+        val = PairSubset(held, list(range(min(len(held), d.max_val_pairs))))
+    elif d.val_fraction > 0:
+        random.Random(f"{d.seed}:val-split").shuffle(idx)
+        n_val = min(max(1, int(len(idx) * d.val_fraction)), d.max_val_pairs)
+        val, idx = PairSubset(train, sorted(idx[:n_val])), sorted(idx[n_val:])
+    return PairSubset(train, idx), val
+
+
+def pair_tensors(items: list[dict], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """Chosen rows then rejected rows, right-padded: input_ids, attention_mask, loss_mask (2B, L)."""
+    from reinforge.data import collate_preference
+
+    return {k: v.to(device) for k, v in collate_preference(items, pad_id).items()}
+
+
+def weighted_mean(parts: list[tuple[int, dict]]) -> dict[str, float]:
+    """Metrics of micro-batches (n pairs, {name: mean}) -> their mean over all pairs."""
+    total = sum(n for n, _ in parts)
+    out: dict[str, float] = {}
+    for n, m in parts:
+        for k, v in m.items():
+            out[k] = out.get(k, 0.0) + float(v) * n / total
+    return out
+
+
+class PairTrainer:
+    """The loop around `pair_loss`. Subclasses set self.model (the trained module) before
+    calling `setup`, and may extend `evaluate` and `export`."""
+
+    name = "pref"
+
+    def setup(self, cfg, tokenizer, train: PairSubset, val: PairSubset | None) -> None:
+        self.cfg, self.tok, self.train, self.val = cfg, tokenizer, train, val
+        from reinforge.data import PromptLoader
+
+        o, d = cfg.optim, cfg.derived
+        self.device, self.micro, self.total_steps = d["device"], d["micro_batch_size"], d["total_steps"]
+        self.run_dir = Path(cfg.trainer.run_dir)
+        self.loader = PromptLoader(train, cfg.data.batch_size, seed=cfg.data.seed)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = make_optimizer(self.params, o.lr, o.weight_decay, o.betas)
+        self.sched = make_scheduler(self.opt, o.warmup_steps, self.total_steps, o.lr_schedule)
+        self.guard = NonFiniteGuard(5, self.name)
+        self.timer, self.step_idx = Timer(), 0
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def pair_loss(self, items: list[dict], split: str = "train") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Mean loss over the pairs in `items` (from `split`: train or val) and mean metrics."""
+        raise NotImplementedError
+
+    # ---- one step ---------------------------------------------------------------------------
+    def step(self) -> dict[str, float]:
+        items = next(self.loader)
+        parts = []
+        with self.timer("update"):
+            for start in range(0, len(items), self.micro):
+                chunk = items[start:start + self.micro]
+                loss, m = self.pair_loss(chunk)
+                # The batch loss is the mean over pairs: each chunk counts by its share of them.
+                (loss * len(chunk) / len(items)).backward()
+                parts.append((len(chunk), {"loss": loss.detach(), **m}))
+            grad_norm, ok = clip_and_step(self.params, self.opt, self.cfg.optim.grad_clip)
+            self.guard.record(ok)
+            lr = self.sched.get_last_lr()[0]
+            self.sched.step()
+        return {**weighted_mean(parts), "grad_norm": float(grad_norm), "lr": lr, **self.timer.pop()}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict[str, float]:
+        """Held-out pairs: the same loss and metrics, prefixed val/, without dropout."""
+        if not self.val:
+            return {}
+        self.model.eval()
+        try:
+            parts = []
+            for start in range(0, len(self.val), self.micro):
+                chunk = [self.val[i] for i in range(start, min(start + self.micro, len(self.val)))]
+                loss, m = self.pair_loss(chunk, split="val")
+                parts.append((len(chunk), {"loss": loss, **m}))
+        finally:
+            self.model.train()
+        return {f"val/{k}": v for k, v in weighted_mean(parts).items()}
+
+    # ---- the loop ---------------------------------------------------------------------------
+    def fit(self, resume: bool | str = False) -> dict[str, float]:
+        t = self.cfg.trainer
+        if resume:
+            self.resume(None if resume is True else resume)
+        save_config(self.cfg, self.run_dir / "config.yaml")
+        logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
+                           progress=t.progress, config=self.cfg.to_dict(), desc=self.name)
+        last: dict[str, float] = {}
+        try:
+            if t.val_before_train and self.step_idx == 0:
+                last = self._validate(logger)
+                logger.log(0, last)
+            while self.step_idx < self.total_steps:
+                self.step_idx += 1
+                metrics = self.step()
+                if (t.val_every and self.step_idx % t.val_every == 0) or self.step_idx == self.total_steps:
+                    metrics.update(self._validate(logger))
+                logger.log(self.step_idx, metrics)
+                logger.advance()
+                last = {**last, **metrics}
+                if (t.save_every and self.step_idx % t.save_every == 0) or self.step_idx == self.total_steps:
+                    self.save()
+            if t.export_hf:
+                self.export()
+        finally:
+            logger.close()
+        return last
+
+    def _validate(self, logger: RunLogger) -> dict[str, float]:
+        with self.timer("val"):
+            m = self.evaluate()
+        shown = {k: v for k, v in m.items() if k in ("val/loss", "val/rewards/accuracies", "val/acc_greedy")}
+        if shown:
+            logger.message(f"step {self.step_idx}: " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()))
+        return {**m, **self.timer.pop()}
+
+    def export(self) -> Path:
+        return export_hf(self.model, self.tok, self.run_dir / "hf")
+
+    # ---- checkpoints --------------------------------------------------------------------------
+    def save(self) -> Path:
+        state = {"step": self.step_idx, "rng": rng_state(), "loader": self.loader.state_dict(),
+                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {"model": self.model}, state,
+                               yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), self.cfg.trainer.keep_last)
+
+    def resume(self, path: str | None = None) -> int:
+        """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
+        ckpt = Path(path) if path else latest_checkpoint(self.run_dir / "checkpoints")
+        if ckpt is None:
+            print(f"[reinforge] no checkpoint in {self.run_dir / 'checkpoints'}; starting from step 0", file=sys.stderr)
+            return 0
+        state = load_checkpoint(ckpt, {"model": self.model})
+        self.step_idx = state["step"]
+        self.loader.load_state_dict(state["loader"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        return self.step_idx
+
+
+def prepare(schema, args_or_cfg):
+    """Config from CLI args (config, overrides) or a ready config object; seeds everything."""
+    from reinforge.config.load import load_config
+
+    cfg = args_or_cfg if isinstance(args_or_cfg, schema) else load_config(
+        schema, args_or_cfg.config, list(args_or_cfg.overrides))
+    seed_everything(cfg.trainer.seed)
+    return cfg
+
+
+def print_summary(final: dict, run_dir: str) -> None:
+    keys = [k for k in sorted(final) if k.startswith("val/") and not k.startswith("val/timing")]
+    shown = ", ".join(f"{k}={final[k]:.3f}" for k in keys[:12])
+    print(f"done. {shown}\nrun directory: {run_dir}")

@@ -1,0 +1,94 @@
+"""Reward-model training (`reinforge rm`): Bradley-Terry on preference pairs.
+
+    r(x, y) = w . h_last(x, y)            (a one-label sequence-classification head)
+    loss    = -log sigma(r(x, y_c) - r(x, y_r))
+
+The model is `<Arch>ForSequenceClassification` with num_labels=1, initialised from a causal-LM
+folder (the backbone loads, the head is new) or from an earlier reward model. The score is read
+at each sequence's last real token, found from the attention mask, never from pad ids (pad may
+equal EOS). By default that token is the response's last one, not the EOS after it: the RL
+reward scorer (reinforge.rewards.RewardModelScorer) scores decoded text, which has no EOS.
+The export in run_dir/hf loads with `load_reward_model`, `load_critic` (critic init from an RM)
+and as `reward.reward_model_path` of an RL run.
+"""
+from __future__ import annotations
+
+import torch
+
+from reinforge.algos.preference import bradley_terry_loss
+from reinforge.config.preference import RMConfig, validate_preference
+from reinforge.models.forward import position_ids_from_mask
+from reinforge.models.loading import load_tokenizer, resolve_dtype
+from reinforge.trainers.preference_common import PairTrainer, load_pairs, pair_tensors, prepare, print_summary
+
+
+def load_rm_for_training(path: str, tokenizer, model_cfg, device: str):
+    """A trainable one-label sequence classifier on the backbone at `path` (head new unless an RM)."""
+    from transformers import AutoModelForSequenceClassification
+
+    from reinforge.config.validate import check_model_path
+
+    check_model_path(path, "model.path")
+    model = AutoModelForSequenceClassification.from_pretrained(
+        path, num_labels=1, dtype=resolve_dtype(model_cfg.dtype, device), trust_remote_code=model_cfg.trust_remote_code,
+        attn_implementation=model_cfg.attn_implementation, local_files_only=True)
+    # HF's own pooling (used by other tools loading the export) needs the pad id to find the end.
+    model.config.pad_token_id = tokenizer.pad_token_id
+    model.config.classifier_dropout = 0.0
+    model.to(device)
+    if model_cfg.gradient_checkpointing:
+        model.gradient_checkpointing_enable()
+        model.config.use_cache = False
+    return model.train()
+
+
+def sequence_rewards(model, batch: dict, score_eos: bool) -> torch.Tensor:
+    """Scalar reward of each row: (2B, L) right-padded batch -> (2B,).
+
+    The head runs on one hidden state per row (the last scored token) rather than on all L.
+    """
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
+                              use_cache=False).last_hidden_state  # (2B, L, H)
+    # Rows end with EOS (the dataset appends it); the response's last token is the one before.
+    last = mask.long().sum(-1) - (1 if score_eos else 2)  # (2B,)
+    h = hidden[torch.arange(len(ids), device=ids.device), last]  # (2B, H)
+    return model.score(h).squeeze(-1).float()
+
+
+class RMTrainer(PairTrainer):
+    name = "rm"
+
+    def __init__(self, cfg: RMConfig):
+        m = cfg.model
+        validate_preference(cfg)
+        tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+        train, val = load_pairs(cfg, tok)
+        validate_preference(cfg, len(train))
+        self.model = load_rm_for_training(m.path, tok, m, cfg.derived["device"])
+        self.setup(cfg, tok, train, val)
+
+    def pair_loss(self, items: list[dict], split: str = "train"):
+        B = len(items)
+        r = sequence_rewards(self.model, pair_tensors(items, self.pad_id, self.device), self.cfg.rm.score_eos)  # (2B,)
+        chosen, rejected = r[:B], r[B:]
+        loss, bt = bradley_terry_loss(chosen, rejected)
+        coef = self.cfg.rm.center_rewards_coef
+        if coef:
+            # Bradley-Terry fixes only differences; this keeps the scale's zero meaningful.
+            loss = loss + coef * ((chosen + rejected) ** 2).mean()
+        with torch.no_grad():
+            metrics = {"rewards/chosen": chosen.mean(), "rewards/rejected": rejected.mean(),
+                       "rewards/accuracies": bt["accuracy"], "rewards/margins": bt["margin"]}
+        return loss, metrics
+
+
+def main(args) -> int:
+    """`reinforge rm [--config rm] [--resume] overrides...`"""
+    if getattr(args, "config", None) is None:
+        args.config = "rm"
+    cfg = prepare(RMConfig, args)
+    trainer = RMTrainer(cfg)
+    final = trainer.fit(resume=args.resume)
+    print_summary(final, cfg.trainer.run_dir)
+    return 0

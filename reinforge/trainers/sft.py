@@ -1,0 +1,253 @@
+"""Supervised fine-tuning: next-token loss on response tokens only, with optional packing.
+
+    for step in 1..total_steps:
+        rows = loader.next()                            # batch_size rows (examples or packs)
+        for micro in rows.split(micro_batch_size):      # exact gradient accumulation:
+            loss += -sum(logp[loss_mask]) / batch_tokens  # token-mean over the *whole* batch
+        clip, AdamW step, LR schedule
+
+Packing concatenates examples into rows of up to data.max_length tokens. Position ids restart
+at 0 for each example (RoPE sees the same positions as unpacked), and a 4D block-diagonal causal
+mask keeps attention inside each example, so a packed row's loss equals the unpacked examples'.
+Checkpoints hold weights, optimizer, scheduler, RNG and loader position: resume is bit-exact.
+"""
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+import torch
+import yaml
+
+from reinforge.config.sft import SFTConfig, validate_sft
+from reinforge.models.forward import _lm_parts, position_ids_from_mask
+from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state,
+                                           save_checkpoint, seed_everything, set_rng_state)
+from reinforge.trainers.logging import RunLogger, Timer
+from reinforge.workers.optim import clip_and_step, make_optimizer, make_scheduler
+
+
+# ---- data: packing and collation ----------------------------------------------------------------
+def pack_examples(items: list[dict], max_length: int) -> list[dict]:
+    """Greedily concatenate examples (in order) into rows of <= max_length tokens.
+
+    Each row: input_ids, loss_mask, position_ids (restarting at 0 per example) and segment
+    (1, 2, ... per example), all lists of the row's length.
+    """
+    rows, cur = [], {"input_ids": [], "loss_mask": [], "position_ids": [], "segment": []}
+    for it in items:
+        n = len(it["input_ids"])
+        if cur["input_ids"] and len(cur["input_ids"]) + n > max_length:
+            rows.append(cur)
+            cur = {"input_ids": [], "loss_mask": [], "position_ids": [], "segment": []}
+        seg = (cur["segment"][-1] if cur["segment"] else 0) + 1
+        cur["input_ids"] += it["input_ids"]
+        cur["loss_mask"] += it["loss_mask"]
+        cur["position_ids"] += list(range(n))
+        cur["segment"] += [seg] * n
+    if cur["input_ids"]:
+        rows.append(cur)
+    return rows
+
+
+def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
+    """Right-padded (B, L) input_ids, loss_mask, position_ids and attention_mask.
+
+    Unpacked rows get a 2D padding mask. Packed rows get a 4D (B, 1, L, L) boolean mask: token q
+    may attend to token k iff k <= q and both are in the same example; padding is segment 0, so
+    every pad query still sees itself (no all-masked softmax row, whose NaN would leak into
+    backward) and real tokens never see pads (they come later).
+    """
+    from reinforge.data.sft import collate_sft, pad_right
+
+    if "segment" not in rows[0]:
+        out = collate_sft(rows, pad_id)
+        out["position_ids"] = position_ids_from_mask(out["attention_mask"])
+        return out
+    seg = pad_right([r["segment"] for r in rows], 0)  # (B, L)
+    L = seg.shape[1]
+    causal = torch.ones(L, L, dtype=torch.bool).tril()
+    mask4d = (seg[:, :, None] == seg[:, None, :]) & causal  # (B, L, L)
+    return {"input_ids": pad_right([r["input_ids"] for r in rows], pad_id),
+            "loss_mask": pad_right([r["loss_mask"] for r in rows], 0),
+            "position_ids": pad_right([r["position_ids"] for r in rows], 0),
+            "attention_mask": mask4d[:, None]}
+
+
+def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int = 1024) -> torch.Tensor:
+    """Log-probs (N,) of the target tokens, N = loss_mask[:, 1:].sum(): only the response tokens
+    go through the LM head (the fused path never builds their (N, V) logits either)."""
+    backbone, head = _lm_parts(model)
+    hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                      position_ids=batch["position_ids"], use_cache=False).last_hidden_state  # (B, L, H)
+    target = batch["loss_mask"][:, 1:].bool()  # token t+1 is predicted from position t
+    h = hidden[:, :-1][target]  # (N, H)
+    labels = batch["input_ids"][:, 1:][target]  # (N,)
+    if getattr(head, "bias", None) is None:
+        from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
+
+        return fused_logprobs_from_hidden(h, head.weight, labels, chunk_size=chunk_size)[0]
+    return torch.log_softmax(head(h).float(), -1).gather(-1, labels[:, None])[:, 0]
+
+
+# ---- the trainer --------------------------------------------------------------------------------
+class SFTTrainer:
+    def __init__(self, cfg: SFTConfig):
+        from reinforge.data import PromptLoader, SFTDataset
+        from reinforge.models.loading import load_causal_lm, load_tokenizer
+
+        self.cfg, m, d = cfg, cfg.model, cfg.data
+        validate_sft(cfg)
+        seed_everything(cfg.trainer.seed)
+        self.device = cfg.derived["device"]
+        self.tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+        load = lambda files: [it for f in files for it in SFTDataset(f, self.tok, max_length=d.max_length,  # noqa: E731
+                                                                     overlong=d.overlong)]
+        train = load(d.train_files)
+        self.train_rows = pack_examples(train, d.max_length) if d.packing else train
+        self.val_rows = load(d.val_files)
+        validate_sft(cfg, len(self.train_rows))
+        self.total_steps = cfg.derived["total_steps"]
+        self.loader = PromptLoader(self.train_rows, min(d.batch_size, len(self.train_rows)), seed=d.seed)
+        self.model = load_causal_lm(m.path, dtype=m.dtype, device=self.device, trust_remote_code=m.trust_remote_code,
+                                    attn_implementation=m.attn_implementation,
+                                    gradient_checkpointing=m.gradient_checkpointing)
+        o = cfg.optim
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.opt = make_optimizer(self.params, o.lr, o.weight_decay, o.betas)
+        self.sched = make_scheduler(self.opt, o.warmup_steps, self.total_steps, o.lr_schedule)
+        self.run_dir, self.step_idx, self.timer = Path(cfg.trainer.run_dir), 0, Timer()
+
+    def _to_device(self, b: dict) -> dict:
+        return {k: v.to(self.device) for k, v in b.items()}
+
+    def step(self) -> dict[str, float]:
+        """One optimizer step over data.batch_size rows, accumulated over micro-batches."""
+        t0 = time.perf_counter()
+        rows = next(self.loader)
+        n_tokens = sum(sum(r["loss_mask"][1:]) for r in rows)  # the batch's token-mean denominator
+        self.model.train()
+        loss_sum = torch.zeros(())
+        mbs = self.cfg.derived["micro_batch_size"]
+        for i in range(0, len(rows), mbs):
+            batch = self._to_device(collate_rows(rows[i:i + mbs], self.tok.pad_token_id))
+            logp = token_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size)
+            loss = -logp.sum() / max(n_tokens, 1)
+            loss.backward()
+            loss_sum += loss.detach().float().cpu()
+        grad_norm, ok = clip_and_step(self.params, self.opt, self.cfg.optim.grad_clip)
+        lr = self.sched.get_last_lr()[0]
+        self.sched.step()
+        dt = time.perf_counter() - t0
+        return {"train/loss": float(loss_sum), "train/grad_norm": float(grad_norm), "train/lr": lr,
+                "train/tokens": float(n_tokens), "train/nonfinite_skipped": float(not ok),
+                "timing_s/step": dt, "perf/throughput": sum(len(r["input_ids"]) for r in rows) / dt}
+
+    @torch.no_grad()
+    def val_loss(self) -> dict[str, float]:
+        if not self.val_rows:
+            return {}
+        was = self.model.training
+        self.model.eval()
+        total, count = 0.0, 0
+        for i in range(0, len(self.val_rows), self.cfg.derived["micro_batch_size"]):
+            part = self.val_rows[i:i + self.cfg.derived["micro_batch_size"]]
+            logp = token_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)))
+            total, count = total - float(logp.sum()), count + logp.numel()
+        self.model.train(was)
+        loss = total / max(count, 1)
+        return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
+
+    def evaluate(self) -> dict[str, float]:
+        """Validation loss, and greedy / sampled accuracy and pass@k on eval.prompt_files."""
+        with self.timer("val"):
+            out = self.val_loss()
+            if self.cfg.eval.prompt_files:
+                out.update(evaluate_prompts(self.model, self.tok, self.cfg, self.run_dir, self.step_idx))
+        return {**out, **self.timer.pop()}
+
+    def fit(self, resume: bool | str = False) -> dict[str, float]:
+        """Train to total_steps. `resume`: True (latest checkpoint in run_dir) or a checkpoint path."""
+        t = self.cfg.trainer
+        if resume:
+            self.resume(None if resume is True else resume)
+        logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
+                           progress=t.progress, config=self.cfg.to_dict(), desc="sft")
+        last: dict[str, float] = {}
+        try:
+            if t.val_before_train and self.step_idx == 0:
+                last = self.evaluate()
+                logger.log(0, last)
+            while self.step_idx < self.total_steps:
+                self.step_idx += 1
+                metrics = self.step()
+                if (t.val_every and self.step_idx % t.val_every == 0) or self.step_idx == self.total_steps:
+                    metrics.update(self.evaluate())
+                logger.log(self.step_idx, metrics)
+                logger.advance()
+                last = {**last, **metrics}
+                if (t.save_every and self.step_idx % t.save_every == 0) or self.step_idx == self.total_steps:
+                    self.save()
+            if t.export_hf:
+                export_hf(self.model, self.tok, self.run_dir / "hf")
+        finally:
+            logger.close()
+        return last
+
+    # ---- checkpoints ----------------------------------------------------------------------------
+    def save(self) -> Path:
+        state = {"step": self.step_idx, "rng": rng_state(), "loader": self.loader.state_dict(),
+                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {"model": self.model}, state,
+                               yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), self.cfg.trainer.keep_last)
+
+    def resume(self, path: str | None = None) -> int:
+        """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
+        ckpt = Path(path) if path else latest_checkpoint(self.run_dir / "checkpoints")
+        if ckpt is None:
+            return 0
+        state = load_checkpoint(ckpt, {"model": self.model})
+        self.step_idx = state["step"]
+        self.loader.load_state_dict(state["loader"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        return self.step_idx
+
+
+def evaluate_prompts(model, tok, cfg: SFTConfig, run_dir: Path, step: int) -> dict[str, float]:
+    """The RL trainer's validation (greedy, sampled mean@n, pass@k) on the eval prompt files."""
+    from reinforge.config.schema import AlgorithmConfig, RewardConfig
+    from reinforge.trainers.rl_setup import ConcatDataset
+    from reinforge.trainers.validation import validate
+    from reinforge.workers.reward import RewardWorker
+    from reinforge.workers.rollout.hf import HFRollout
+    from reinforge.data import RLDataset
+
+    e = cfg.eval
+    parts = [RLDataset(f, tok, max_prompt_length=e.max_prompt_length) for f in e.prompt_files]
+    data = parts[0] if len(parts) == 1 else ConcatDataset(parts)
+    items = [data[i] for i in range(min(len(data), e.max_samples))]
+    rollout = HFRollout(model, tok, max_prompt_length=e.max_prompt_length, max_response_length=e.max_response_length)
+    reward = RewardWorker(tok, RewardConfig(functions=list(e.reward_functions)), AlgorithmConfig(),
+                          max_response_length=e.max_response_length)
+    try:
+        return validate(rollout, reward, items, n=e.n, temperature=e.temperature,
+                        pass_k=[k for k in e.pass_k if k <= e.n], batch_size=e.batch_size,
+                        samples_path=run_dir / "samples" / f"step_{step}.jsonl")
+    finally:
+        reward.close()
+
+
+def main(args) -> int:
+    """`reinforge sft --config <preset or yaml> [--resume] key=value ...`"""
+    from reinforge.config.load import load_config, save_config
+
+    cfg = load_config(SFTConfig, args.config, args.overrides)
+    trainer = SFTTrainer(cfg)
+    save_config(cfg, Path(cfg.trainer.run_dir) / "config.yaml")
+    final = trainer.fit(resume=args.resume)
+    shown = ", ".join(f"{k}={final[k]:.4f}" for k in sorted(final) if k.startswith("val/") and k.count("/") == 1)
+    print(f"done. {shown}\nrun directory: {cfg.trainer.run_dir}\nmodel: {Path(cfg.trainer.run_dir) / 'hf'}")
+    return 0
