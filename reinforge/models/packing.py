@@ -1,0 +1,184 @@
+"""Sequence packing (padding removal) and token-budget micro-batches.
+
+A rollout batch is (B, L) with a left-padded prompt and a right-padded response; with varied
+lengths half of it can be padding, which the padded forward pass still pays for. Packing moves
+each sequence's real tokens (attention_mask == 1, in order) into rows of C slots, several
+sequences per row, first-fit decreasing:
+
+    row 0: [seq 3 ........][seq 0 .....][pad]        position_ids 0 1 2 .. 0 1 2 .. 0
+    row 1: [seq 1 .....][seq 2 .....][seq 5 ..]
+
+Position ids restart at 0 for every sequence (RoPE sees the same positions as the padded path,
+whose ids are `cumsum(mask) - 1`). Attention is kept inside each sequence by transformers'
+packed-sequence format: with `attention_mask=None`, a causal LM in transformers >= 4.5x derives
+a block-diagonal causal mask from position ids that restart (sdpa, eager, flex), and
+flash-attention-2 turns them into varlen cu_seqlens. Tail slots of a row get position 0 each,
+so every pad slot is its own one-token block and touches nothing real.
+
+The row length C defaults to the longest sequence of the micro-batch: attention on CPU/sdpa is
+dense per row, so rows as long as the whole micro-batch would cost O(N^2); rows of the longest
+sequence keep the attention cost of the padded path while removing most rows.
+
+Token-budget micro-batches (`token_budget_groups`): sequences are split into k groups with at
+most `max_tokens` real tokens each (longest-processing-time greedy, so groups are balanced),
+and k is agreed across data-parallel ranks (FSDP needs every rank to run the same number of
+forward passes).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from reinforge.models.forward import _lm_parts, position_ids_from_mask
+
+
+# ---- planning ------------------------------------------------------------------------------
+def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
+    """Indices of `lengths` grouped into bins of total <= capacity (longest first, first bin that fits)."""
+    bins: list[list[int]] = []
+    room: list[int] = []
+    for i in sorted(range(len(lengths)), key=lambda j: -lengths[j]):
+        n = lengths[i]
+        if n > capacity:
+            raise ValueError(f"sequence of {n} tokens does not fit a packed row of {capacity}")
+        for b, r in enumerate(room):
+            if n <= r:
+                bins[b].append(i)
+                room[b] -= n
+                break
+        else:
+            bins.append([i])
+            room.append(capacity - n)
+    return bins
+
+
+def balanced_groups(lengths: list[int], k: int) -> list[list[int]]:
+    """k groups of indices with near-equal token sums (longest first into the lightest group).
+    Each group keeps its indices in ascending order, so results gather back deterministically."""
+    k = max(1, min(k, len(lengths)))
+    groups: list[list[int]] = [[] for _ in range(k)]
+    load = [0] * k
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        g = min(range(k), key=lambda j: (load[j], j))
+        groups[g].append(i)
+        load[g] += lengths[i]
+    return [sorted(g) for g in groups if g]
+
+
+def num_token_groups(lengths: list[int], max_tokens: int) -> int:
+    """Smallest k (from the token total up) whose balanced split keeps every group <= max_tokens
+    (a single sequence longer than the budget gets a group of its own)."""
+    if not lengths:
+        return 0
+    k = max(1, math.ceil(sum(lengths) / max_tokens))
+    while k < len(lengths):
+        groups = balanced_groups(lengths, k)
+        if all(sum(lengths[i] for i in g) <= max_tokens or len(g) == 1 for g in groups):
+            break
+        k += 1
+    return min(k, len(lengths))
+
+
+def _dp_max(k: int) -> int:
+    """Max of k over data-parallel ranks (identity when torch.distributed is not initialised)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return k
+    t = torch.tensor([k], dtype=torch.long)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return int(t)
+
+
+def token_budget_groups(lengths: list[int], max_tokens: int) -> list[list[int]]:
+    """Micro-batches by token budget, the same number on every rank (see module docstring)."""
+    return balanced_groups(lengths, _dp_max(num_token_groups(lengths, max_tokens)))
+
+
+def micro_batch_indices(attention_mask: torch.Tensor, micro_batch_size: int, max_tokens: int = 0) -> list[list[int]]:
+    """Row groups of a (B, L) batch: fixed-size chunks, or token-budget groups when max_tokens > 0."""
+    B = attention_mask.shape[0]
+    if max_tokens <= 0:
+        return [list(range(i, min(i + micro_batch_size, B))) for i in range(0, B, micro_batch_size)]
+    return token_budget_groups(attention_mask.sum(-1).tolist(), max_tokens)
+
+
+# ---- packing -------------------------------------------------------------------------------
+@dataclass
+class Packed:
+    input_ids: torch.Tensor  # (R, C) packed tokens, pad slots 0
+    position_ids: torch.Tensor  # (R, C) restart at 0 per sequence; 0 on pad slots
+    dest: torch.Tensor  # (B, L) flat index into R*C of each original token; -1 where masked
+    num_tokens: int  # real tokens
+
+
+def pack(input_ids: torch.Tensor, attention_mask: torch.Tensor, row_len: int | None = None) -> Packed:
+    """(B, L) padded ids + 0/1 mask -> rows of packed sequences (see module docstring)."""
+    valid = attention_mask.bool()  # (B, L)
+    lengths = valid.sum(-1)  # (B,)
+    C = int(row_len or max(int(lengths.max()), 1))
+    rows = first_fit_decreasing(lengths.tolist(), C)
+    start = torch.zeros_like(lengths)  # (B,) flat offset of each sequence's first token
+    for r, members in enumerate(rows):
+        off = r * C
+        for i in members:
+            start[i] = off
+            off += int(lengths[i])
+    pos = position_ids_from_mask(attention_mask)  # (B, L): 0..n-1 over the real tokens
+    dest = torch.where(valid, start[:, None] + pos, torch.full_like(pos, -1))
+    flat_ids = torch.zeros(len(rows) * C, dtype=input_ids.dtype, device=input_ids.device)
+    flat_pos = torch.zeros(len(rows) * C, dtype=torch.long, device=input_ids.device)
+    flat_ids[dest[valid]] = input_ids[valid]
+    flat_pos[dest[valid]] = pos[valid]
+    return Packed(flat_ids.view(len(rows), C), flat_pos.view(len(rows), C), dest, int(lengths.sum()))
+
+
+def _response_gather(p: Packed, input_ids: torch.Tensor, response_len: int):
+    """-> (sel (B, T) bool, src (M,) flat index of the hidden that predicts each selected token,
+    labels (M,)). A response token is selected when it and its predecessor are real tokens."""
+    T = response_len
+    dest = p.dest
+    sel = (dest[:, -T:] >= 0) & (dest[:, -T - 1:-1] >= 0)  # (B, T)
+    return sel, dest[:, -T - 1:-1][sel], input_ids[:, -T:][sel]
+
+
+def _scatter(sel: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """(M,) values -> (B, T) with zeros where not selected (differentiable)."""
+    return torch.zeros(sel.shape, dtype=values.dtype, device=values.device).masked_scatter(sel, values)
+
+
+def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
+                             temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
+                             chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Same contract as `forward.response_logprobs` (B, L) -> (B, T), computed on packed rows.
+    Positions that are not real response tokens hold 0 (the padded path leaves garbage there;
+    both are masked downstream)."""
+    from reinforge.algos.logprobs import entropy_from_logits, logprobs_from_logits
+
+    p = pack(input_ids, attention_mask)
+    sel, src, labels = _response_gather(p, input_ids, response_len)
+    backbone, head = _lm_parts(model)
+    hidden = backbone(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids,
+                      use_cache=False).last_hidden_state  # (R, C, H)
+    h = hidden.reshape(-1, hidden.shape[-1])[src]  # (M, H)
+    if fused and getattr(head, "bias", None) is None:
+        from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
+
+        logp, ent = fused_logprobs_from_hidden(h, head.weight, labels, temperature=temperature,
+                                               chunk_size=chunk_size, return_entropy=with_entropy)
+    else:
+        logits = head(h)  # (M, V)
+        logp = logprobs_from_logits(logits, labels, temperature=temperature)
+        ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
+    return _scatter(sel, logp), (_scatter(sel, ent) if ent is not None else None)
+
+
+def packed_response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                           response_len: int) -> torch.Tensor:
+    """Same contract as `forward.response_values` (B, L) -> (B, T), on packed rows."""
+    p = pack(input_ids, attention_mask)
+    sel, src, _ = _response_gather(p, input_ids, response_len)
+    out = critic(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids, use_cache=False)
+    return _scatter(sel, out.logits.reshape(-1, out.logits.shape[-1])[src, 0].float())
