@@ -6,13 +6,14 @@ from reinforge.config.validate import validate
 from tests.conftest import rl_overrides
 
 
-def test_presets_load():
-    assert {"ppo", "grpo"} <= set(list_presets())
-    for name in list_presets():
-        if name.startswith(("sft", "dpo", "rm", "demo_sft")):
-            continue
-        cfg = load_config(RLConfig, name)
-        assert isinstance(cfg, RLConfig)
+RL_PRESETS = ["ppo", "grpo", "dapo", "gspo", "drgrpo", "vapo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+              "remax", "demo_grpo"]
+
+
+def test_rl_presets_load():
+    assert set(RL_PRESETS) <= set(list_presets())
+    for name in RL_PRESETS:
+        assert isinstance(load_config(RLConfig, name), RLConfig)
 
 
 def test_overrides_and_types():
