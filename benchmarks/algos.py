@@ -32,8 +32,9 @@ from reinforge.algos import (  # noqa: E402
 )
 
 
-def median_time(fn, repeats: int) -> float:
-    fn()  # warm-up
+def median_time(fn, repeats: int, warmup: bool = True) -> float:
+    if warmup:
+        fn()
     times = []
     for _ in range(repeats):
         t0 = time.perf_counter()
@@ -213,7 +214,7 @@ def main() -> None:
          for v in ("naive", "chunked")}
     del timing_inputs
     fused_inputs = make_inputs("fused", N, V, H)
-    t_fused = median_time(lambda: run_variant("fused", N, V, H, chunk, fused_inputs), 2)
+    t_fused = median_time(lambda: run_variant("fused", N, V, H, chunk, fused_inputs), 1, warmup=False)
     label = f"log-prob + entropy fwd+bwd N={N} V={V} fp32"
     pct = lambda b: f"{100 * b / logits_bytes:.1f}%"  # noqa: E731
     rows.append((label, "naive log_softmax + gather + softmax entropy", f"{t['naive'] * 1e3:.0f} ms", "-", "1.00x time",

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
+import torch.nn.functional as F
 
 from .masked import _safe_div, _zero_outside, masked_sum, masked_whiten
 from .scan import reverse_linear_scan
@@ -82,17 +83,14 @@ def _discounted_scan(
     next *valid* token (0 if none), and a masked token's advantage equals the next valid
     token's (0 if none), exactly like the loop's ``nextvalues`` / ``lastgaelam`` carry.
     """
-    R, T = rewards.shape
     m = mask.to(rewards.dtype)
-    pos = torch.arange(T, device=rewards.device).expand(R, T)
-    valid_pos = torch.where(m > 0, pos, torch.full_like(pos, T))
-    first_valid_from = torch.flip(torch.cummin(torch.flip(valid_pos, [1]), dim=1).values, [1])
-    next_valid = torch.cat([first_valid_from[:, 1:], torch.full_like(pos[:, :1], T)], dim=1)
-    values_pad = torch.cat([values, values.new_zeros(R, 1)], dim=1)  # (R, T + 1)
-    next_values = values_pad.gather(1, next_valid)  # (R, T)
-    delta = rewards + gamma * next_values - values
-    b = _zero_outside(delta, m)
-    a = m * (gamma * lam).unsqueeze(-1) + (1 - m)
+    not_m = 1 - m
+    # Value of the first valid token at or after t (0 if none): N_t = m_t V_t + (1 - m_t) N_{t+1},
+    # a fill-backward done by the same scan (a in {0, 1}: exact). Shift by one for "after t".
+    filled = reverse_linear_scan(not_m, m * values)
+    next_values = F.pad(filled[:, 1:], (0, 1))
+    b = (rewards + gamma * next_values - values) * m  # TD errors, 0 on masked tokens
+    a = torch.addcmul(not_m, m, (gamma * lam).unsqueeze(-1))  # gamma * lam on valid, 1 on masked
     return reverse_linear_scan(a, b)
 
 

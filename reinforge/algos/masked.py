@@ -64,11 +64,15 @@ def masked_whiten(
 
     x, mask: (B, T) -> (B, T). With ``shift_mean=False`` the mean is added back (only the
     scale changes). Positions outside the mask are returned as 0, so whitened tensors can be
-    summed or averaged without re-masking.
+    summed or averaged without re-masking. This is the hot path of advantage estimation, so
+    it uses plain multiplications: unlike the reductions above, x must be finite everywhere.
     """
-    mean = masked_mean(x, mask)
-    var = masked_var(x, mask, unbiased=True)
-    out = (x - mean) * torch.rsqrt(var + eps)
+    m = mask.to(x.dtype)
+    n = m.sum()
+    mean = _safe_div((x * m).sum(), n)
+    centered = x - mean
+    var = _safe_div((centered.square() * m).sum(), n - 1) * (n > 1).to(x.dtype)
+    out = centered * torch.rsqrt(var + eps)
     if not shift_mean:
         out = out + mean
-    return _zero_outside(out, mask)
+    return out * m

@@ -45,5 +45,5 @@ def reverse_linear_scan(a: torch.Tensor, b: torch.Tensor, chunk: int = 32) -> to
     # Full value at each chunk start: X[k] = A[k, 0] + P[k, 0] * X[k + 1]  (R, n_chunks)
     X = reverse_linear_scan(P[:, :, 0].contiguous(), A[:, :, 0].contiguous(), chunk)
     X_next = torch.cat([X[:, 1:], X.new_zeros(R, 1)], dim=1)  # (R, n_chunks)
-    out = A + P * X_next.unsqueeze(-1)
+    out = A.addcmul_(P, X_next.unsqueeze(-1))  # A is our own buffer
     return out.reshape(R, n_chunks * chunk)[:, :T]
