@@ -82,3 +82,47 @@ def test_packed_values_equal_padded(tiny_model_dir):
         ref = response_values(critic, ids, mask, T)
         got = packed_response_values(critic, ids, mask, T)
     assert (got[resp_mask] - ref[resp_mask]).abs().max() <= 1e-5
+
+
+def _actor(model_dir, use_packing: bool, max_tokens: int, micro: int = 2):
+    from reinforge.config.schema import ActorConfig, ModelConfig
+    from reinforge.models.loading import load_causal_lm
+    from reinforge.workers.actor import ActorWorker
+
+    model = load_causal_lm(model_dir, dtype="float32")
+    cfg = ActorConfig(lr=1e-4, micro_batch_size=micro, max_tokens_per_micro_batch=max_tokens, entropy_coeff=0.01)
+    return ActorWorker(model, cfg, ModelConfig(path=model_dir, use_packing=use_packing), total_steps=2,
+                       mini_batch_size=6, micro_batch_size=micro, loss_norm_const=7, seed=0)
+
+
+def _rl_batch(vocab: int):
+    from reinforge.protocol import Batch
+
+    ids, mask, T = _ragged_batch(vocab, B=12)
+    g = torch.Generator().manual_seed(3)
+    return Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, -T:],
+                  "response_mask": mask[:, -T:], "advantages": torch.randn(len(ids), T, generator=g)})
+
+
+def test_packed_update_equals_padded_update(tiny_model_dir):
+    """Token-budget micro-batches on packed rows give the same old log-probs, weights and
+    metrics as fixed micro-batches on padded rows."""
+    padded, packed = _actor(tiny_model_dir, False, 0), _actor(tiny_model_dir, True, 16)
+    batch = _rl_batch(padded.model.config.vocab_size)
+    lp_a, lp_b = padded.log_probs(batch), packed.log_probs(batch)
+    m = batch["response_mask"].bool()
+    assert (lp_a["old_log_probs"][m] - lp_b["old_log_probs"][m]).abs().max() <= 1e-5
+    batch = batch | lp_a.select(["old_log_probs"])
+    grads = {}
+    for name, w in (("a", padded), ("b", packed)):  # record the accumulated gradient at the step
+        step = w.opt.step
+        w.opt.step = lambda step=step, name=name, w=w: (grads.__setitem__(name, [p.grad.clone() for p in w.params]),
+                                                       step())[1]
+    ma, mb = padded.update(batch), packed.update(batch)
+    for ga, gb in zip(grads["a"], grads["b"]):
+        assert (ga - gb).abs().max() <= 1e-5 * max(1.0, float(ga.abs().max()))
+    for (k, a), b in zip(padded.model.named_parameters(), packed.model.parameters()):
+        assert (a - b).abs().max() <= 1e-5, k
+    assert ma.keys() == mb.keys()
+    for k in ma:
+        assert abs(ma[k] - mb[k]) <= 1e-5 * max(1.0, abs(ma[k])), k

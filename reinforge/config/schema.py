@@ -27,6 +27,16 @@ class ModelConfig:
     """Compute log-probs from hidden states in token chunks so full (N, V) logits never exist."""
     logprob_chunk_size: int = 1024
     """Tokens per chunk for the fused log-prob path."""
+    use_packing: bool = False
+    """Remove padding: pack sequences into shared rows (positions restart per sequence,
+    attention block-diagonal) for the actor, reference and critic forward passes."""
+    lora_rank: int = 0
+    """LoRA rank for the actor (PEFT); 0 trains all weights. The reference is then the base
+    model with the adapter disabled (no second copy)."""
+    lora_alpha: float = 16.0
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
+    lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
+    """Module names that get LoRA adapters (e.g. add gate_proj, up_proj, down_proj), or ["all-linear"]."""
 
 
 @dataclass
@@ -97,6 +107,9 @@ class ActorConfig:
     """Sequences per optimizer step; 0 means the whole batch (one on-policy update)."""
     micro_batch_size: int = 16
     """Sequences per forward/backward; gradients accumulate to the mini-batch exactly."""
+    max_tokens_per_micro_batch: int = 0
+    """>0: form micro-batches by this budget of real tokens (balanced, same count on every
+    rank) instead of micro_batch_size sequences; pairs with model.use_packing."""
     shuffle: bool = True
     """Shuffle sequences before splitting into mini-batches (seeded)."""
     policy_loss: str = "ppo_clip"
@@ -143,6 +156,8 @@ class CriticConfig:
     """Sequences per optimizer step; 0 = the whole batch."""
     micro_batch_size: int = 16
     """Sequences per forward/backward."""
+    max_tokens_per_micro_batch: int = 0
+    """>0: micro-batches by this budget of real tokens instead of micro_batch_size sequences."""
     cliprange_value: Optional[float] = 0.5
     """Clip new values to old +- this; None disables value clipping."""
     loss_agg_mode: str = "token-mean"

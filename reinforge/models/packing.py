@@ -182,3 +182,16 @@ def packed_response_values(critic, input_ids: torch.Tensor, attention_mask: torc
     sel, src, _ = _response_gather(p, input_ids, response_len)
     out = critic(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids, use_cache=False)
     return _scatter(sel, out.logits.reshape(-1, out.logits.shape[-1])[src, 0].float())
+
+
+def micro_batches(batch, micro_batch_size: int, max_tokens: int = 0):
+    """-> (sub-batches, order): `order` lists the original row of every output row, so
+    `restore_order(torch.cat(results), order)` puts per-row results back in batch order."""
+    groups = micro_batch_indices(batch["attention_mask"], micro_batch_size, max_tokens)
+    return [batch.index(g) for g in groups], [i for g in groups for i in g]
+
+
+def restore_order(t: torch.Tensor, order: list[int]) -> torch.Tensor:
+    out = torch.empty_like(t)
+    out[torch.as_tensor(order, device=t.device)] = t
+    return out

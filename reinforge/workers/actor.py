@@ -14,7 +14,9 @@ from reinforge.algos.masked import masked_mean
 from reinforge.algos.policy_loss import get_policy_loss
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
+from reinforge.models.packing import micro_batches, packed_response_logprobs, restore_order
 from reinforge.protocol import Batch
+from reinforge.workers import dp
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
 
 
@@ -31,6 +33,14 @@ class MetricSum:
     def add(self, metrics: dict[str, torch.Tensor], weight: float) -> None:
         for k, v in metrics.items():
             self.sums[k] = self.sums.get(k, 0.0) + v.detach().float() * weight
+
+    def all_reduce(self) -> "MetricSum":
+        """Sum over data-parallel ranks (each rank added its share of the global mini-batch)."""
+        if self.sums and dp.world_size() > 1:
+            keys = sorted(self.sums)
+            flat = dp.all_reduce_sum_(torch.stack([torch.as_tensor(self.sums[k]).float().cpu() for k in keys]))
+            self.sums = dict(zip(keys, flat))
+        return self
 
     def result(self, prefix: str, count: int) -> dict[str, float]:
         return {f"{prefix}{k}": float(v) / max(count, 1) for k, v in self.sums.items()}
@@ -51,7 +61,8 @@ class ActorWorker:
 
     def _forward(self, mb: Batch, temperature: float, with_entropy: bool):
         T = mb["responses"].shape[1]
-        return response_logprobs(self.model, mb["input_ids"], mb["attention_mask"], T, temperature=temperature,
+        fn = packed_response_logprobs if self.mcfg.use_packing else response_logprobs
+        return fn(self.model, mb["input_ids"], mb["attention_mask"], T, temperature=temperature,
                                  with_entropy=with_entropy, fused=self.mcfg.fused_logprobs,
                                  chunk_size=self.mcfg.logprob_chunk_size)
 
@@ -62,14 +73,15 @@ class ActorWorker:
         was_training = self.model.training
         self.model.eval()
         logps, ents = [], []
-        for mb in batch.split(self.micro_batch_size):
+        mbs, order = micro_batches(batch, self.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+        for mb in mbs:
             lp, ent = self._forward(mb, temperature, with_entropy)
             logps.append(lp.float())
             ents.append(ent.float() if ent is not None else None)
         self.model.train(was_training)
-        out = {"old_log_probs": torch.cat(logps)}
+        out = {"old_log_probs": restore_order(torch.cat(logps), order)}
         if with_entropy:
-            out["entropy"] = torch.cat(ents)
+            out["entropy"] = restore_order(torch.cat(ents), order)
         return Batch(out)
 
     def _micro_loss(self, mb: Batch, denom: dict, temperature: float) -> tuple[torch.Tensor, dict]:
@@ -96,35 +108,44 @@ class ActorWorker:
         return loss, metrics
 
     def update(self, batch: Batch) -> dict[str, float]:
-        """One training step's actor update. Returns `actor/...` metrics."""
+        """One training step's actor update. Returns `actor/...` metrics.
+
+        Data-parallel: every rank gets the whole batch and trains on its slice of each mini-batch
+        (see workers/dp.py); counts and shares are the global mini-batch's, and the loss is
+        scaled by the world size because FSDP averages gradients over ranks."""
         temperature = batch.meta.get("temperature", 1.0)
-        sums, nonfinite, n_mini = MetricSum(), 0, 0
+        sums, shared, nonfinite, n_mini = MetricSum(), MetricSum(), 0, 0
+        world = dp.world_size()
         self.model.train()
         for mini in mini_batches(batch, self.mini_batch_size, self.cfg.ppo_epochs, self.cfg.shuffle, self.gen):
             mask = mini["loss_mask"] if "loss_mask" in mini else mini["response_mask"]
             denom = agg_denominators(mask.float())
+            mini_tokens = max(float(mini["response_mask"].sum()), 1.0)
             n_mini += 1
             finite = True
-            for mb in mini.split(self.micro_batch_size):
+            mbs, _ = micro_batches(dp.shard(mini), self.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+            for mb in mbs:
                 loss, m = self._micro_loss(mb, denom, temperature)
                 if not torch.isfinite(loss):
                     finite = False
-                    break
-                loss.backward()
+                    if world == 1:
+                        break  # alone, stop early; in a group every rank must run the same collectives
+                (loss * world).backward()
                 # Loss-like metrics add up over micro-batches (they were normalised by the
                 # mini-batch counts); ratios are token-weighted within the mini-batch.
-                share = float(mb["response_mask"].sum()) / max(float(mini["response_mask"].sum()), 1.0)
+                share = float(mb["response_mask"].sum()) / mini_tokens
                 sums.add({k: v for k, v in m.items() if k.endswith("loss")}, 1.0)
                 sums.add({k: v for k, v in m.items() if not k.endswith("loss")}, share)
-            if finite:
+            if dp.all_true(finite):
                 grad_norm, finite = clip_and_step(self.params, self.opt, self.cfg.grad_clip)
-                sums.add({"grad_norm": grad_norm}, 1.0)
+                shared.add({"grad_norm": _local(grad_norm)}, 1.0)
             else:
+                finite = False
                 self.opt.zero_grad(set_to_none=True)
             nonfinite += not finite
             self.guard.record(finite)
         self.sched.step()
-        out = sums.result("actor/", n_mini)
+        out = {**sums.all_reduce().result("actor/", n_mini), **shared.result("actor/", n_mini)}
         out["actor/lr"] = self.sched.get_last_lr()[0]
         out["actor/nonfinite_skipped"] = float(nonfinite)
         return out
@@ -138,6 +159,11 @@ class ActorWorker:
         self.sched.load_state_dict(state["scheduler"])
         self.gen.set_state(state["generator"])
         self.guard.in_a_row, self.guard.total = state["guard"]
+
+
+def _local(t: torch.Tensor) -> torch.Tensor:
+    """A replicated DTensor (FSDP's global grad norm) as a plain tensor."""
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def masked_entropy_mean(batch: Batch) -> float:

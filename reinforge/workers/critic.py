@@ -7,15 +7,17 @@ from reinforge.algos.aggregation import agg_denominators
 from reinforge.algos.value_loss import clipped_value_loss, explained_variance
 from reinforge.config.schema import CriticConfig
 from reinforge.models.forward import response_values
+from reinforge.models.packing import micro_batches, packed_response_values, restore_order
 from reinforge.protocol import Batch
-from reinforge.workers.actor import MetricSum
+from reinforge.workers import dp
+from reinforge.workers.actor import MetricSum, _local
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
 
 
 class CriticWorker:
     def __init__(self, model, cfg: CriticConfig, *, total_steps: int, mini_batch_size: int, micro_batch_size: int,
-                 seed: int):
-        self.model, self.cfg = model, cfg
+                 seed: int, use_packing: bool = False):
+        self.model, self.cfg, self.use_packing = model, cfg, use_packing
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, cfg.lr, cfg.weight_decay)
@@ -24,41 +26,43 @@ class CriticWorker:
         self.guard = NonFiniteGuard(3, "critic")
 
     def _values(self, mb: Batch) -> torch.Tensor:
-        return response_values(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1])
+        fn = packed_response_values if self.use_packing else response_values
+        return fn(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1])
 
     @torch.no_grad()
     def values(self, batch: Batch) -> Batch:
         """-> values (B, T): the critic's estimate before each response token."""
         self.model.eval()
-        vals = torch.cat([self._values(mb) for mb in batch.split(self.micro_batch_size)])
+        mbs, order = micro_batches(batch, self.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
+        vals = restore_order(torch.cat([self._values(mb) for mb in mbs]), order)
         self.model.train()
         return Batch({"values": vals * batch["response_mask"]})
 
     def update(self, batch: Batch) -> dict[str, float]:
         """Regress values on `returns` with the clipped loss. Returns `critic/...` metrics."""
         c = self.cfg
-        sums, n_mini = MetricSum(), 0
+        sums, shared, n_mini, world = MetricSum(), MetricSum(), 0, dp.world_size()
         self.model.train()
         for mini in mini_batches(batch, self.mini_batch_size, c.ppo_epochs, True, self.gen):
-            mask = mini["response_mask"].float()
+            mask = mini["response_mask"].float()  # the global mini-batch (see workers/dp.py)
             denom = agg_denominators(mask)
             n_mini += 1
-            for mb in mini.split(self.micro_batch_size):
+            for mb in micro_batches(dp.shard(mini), self.micro_batch_size, c.max_tokens_per_micro_batch)[0]:
                 m_mask = mb["response_mask"].float()
                 vpreds = self._values(mb)
                 loss, m = clipped_value_loss(vpreds, mb["values"], mb["returns"], m_mask, c.cliprange_value,
                                              c.loss_agg_mode, num_tokens=denom["num_tokens"],
                                              num_seqs=denom["num_seqs"])
-                loss.backward()
+                (loss * world).backward()  # FSDP averages gradients over ranks
                 share = float(m_mask.sum()) / max(float(mask.sum()), 1.0)
                 ev = explained_variance(vpreds.detach(), mb["returns"], m_mask)
                 sums.add({"vf_loss": loss}, 1.0)
                 sums.add({**m, "vf_explained_var": ev, "vpred_mean": (vpreds.detach() * m_mask).sum() / m_mask.sum().clamp(min=1)}, share)
             grad_norm, ok = clip_and_step(self.params, self.opt, c.grad_clip)
             self.guard.record(ok)
-            sums.add({"grad_norm": grad_norm}, 1.0)
+            shared.add({"grad_norm": _local(grad_norm)}, 1.0)
         self.sched.step()
-        out = sums.result("critic/", n_mini)
+        out = {**sums.all_reduce().result("critic/", n_mini), **shared.result("critic/", n_mini)}
         out["critic/lr"] = self.sched.get_last_lr()[0]
         return out
 

@@ -7,6 +7,7 @@ import torch
 
 from reinforge.config.schema import ModelConfig
 from reinforge.models.forward import response_logprobs
+from reinforge.models.packing import packed_response_logprobs
 from reinforge.protocol import Batch
 
 
@@ -27,7 +28,8 @@ class ReferenceWorker:
         out = []
         with ctx:
             for mb in batch.split(self.micro_batch_size):
-                lp, _ = response_logprobs(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1],
+                fn = packed_response_logprobs if self.mcfg.use_packing else response_logprobs
+                lp, _ = fn(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1],
                                           temperature=temperature, fused=self.mcfg.fused_logprobs,
                                           chunk_size=self.mcfg.logprob_chunk_size)
                 out.append(lp.float())
