@@ -160,16 +160,20 @@ def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: tor
     p = pack(input_ids, attention_mask)
     sel, src, labels = _response_gather(p, input_ids, response_len)
     backbone, head = _lm_parts(model)
-    hidden = backbone(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids,
-                      use_cache=False).last_hidden_state  # (R, C, H)
-    h = hidden.reshape(-1, hidden.shape[-1])[src]  # (M, H)
     if fused and getattr(head, "bias", None) is None:
         from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
 
+        hidden = backbone(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids,
+                          use_cache=False).last_hidden_state  # (R, C, H)
+        h = hidden.reshape(-1, hidden.shape[-1])[src]  # (M, H)
         logp, ent = fused_logprobs_from_hidden(h, head.weight, labels, temperature=temperature,
                                                chunk_size=chunk_size, return_entropy=with_entropy)
     else:
-        logits = head(h)  # (M, V)
+        # The whole model's forward (not backbone + head.weight): under FSDP only a call of the
+        # root module gathers the head's shards.
+        logits = model(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids,
+                       use_cache=False).logits  # (R, C, V)
+        logits = logits.reshape(-1, logits.shape[-1])[src]  # (M, V)
         logp = logprobs_from_logits(logits, labels, temperature=temperature)
         ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
     return _scatter(sel, logp), (_scatter(sel, ent) if ent is not None else None)

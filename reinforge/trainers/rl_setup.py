@@ -68,12 +68,78 @@ def make_rollout(cfg: RLConfig, actor_model, tokenizer):
                      top_p=r.top_p, top_k=r.top_k)
 
 
+@dataclass
+class Workers:
+    actor_model: Any
+    actor: ActorWorker
+    reference: ReferenceWorker | None
+    critic_model: Any
+    critic: CriticWorker | None
+
+
+def _model_kwargs(cfg: RLConfig) -> dict:
+    m = cfg.model
+    return dict(dtype=m.dtype, device=cfg.derived["device"], trust_remote_code=m.trust_remote_code,
+                attn_implementation=m.attn_implementation)
+
+
+def load_actor_model(cfg: RLConfig):
+    """The actor's causal LM, wrapped with a LoRA adapter when model.lora_rank > 0."""
+    m = cfg.model
+    model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **_model_kwargs(cfg))
+    if m.lora_rank > 0:
+        from reinforge.models.lora import apply_lora
+
+        model = apply_lora(model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
+    return model
+
+
+def build_workers(cfg: RLConfig, shard=None) -> Workers:
+    """Models and the workers that train or score with them. `shard` (FSDP2's, in a Ray rank)
+    is applied to each model before its optimizer is made; None in a local run."""
+    d, m, t = cfg.derived, cfg.model, cfg.trainer
+    shard = shard or (lambda model: model)
+    actor_model = shard(load_actor_model(cfg))
+    actor = ActorWorker(actor_model, cfg.actor, m, total_steps=t.total_steps, mini_batch_size=d["actor_mini_batch_size"],
+                        micro_batch_size=d["actor_micro_batch_size"], loss_norm_const=d["loss_norm_const"], seed=t.seed)
+    reference = None
+    if d["reference_enabled"]:
+        # With LoRA the reference is the actor with its adapter disabled: no second copy.
+        ref_model = actor_model if m.lora_rank > 0 else shard(load_causal_lm(m.path, train=False, **_model_kwargs(cfg)))
+        reference = ReferenceWorker(ref_model, m, d["actor_micro_batch_size"])
+    critic_model = critic = None
+    if d["critic_enabled"]:
+        critic_model = shard(load_critic(cfg.critic.model_path or m.path, gradient_checkpointing=m.gradient_checkpointing,
+                                         reinit_head=cfg.critic.reinit_head, **_model_kwargs(cfg)))
+        critic = CriticWorker(critic_model, cfg.critic, total_steps=t.total_steps,
+                              mini_batch_size=d["critic_mini_batch_size"],
+                              micro_batch_size=d["critic_micro_batch_size"], seed=t.seed, use_packing=m.use_packing)
+    return Workers(actor_model, actor, reference, critic_model, critic)
+
+
+def build_ray_workers(cfg: RLConfig) -> tuple[Workers, Any]:
+    """trainer.backend=ray: the workers live in a group of Ray actors (reinforge.distributed);
+    the driver keeps unsharded copies of the trained models for generation and checkpoints."""
+    from reinforge.distributed.group import RayWorkerGroup
+    from reinforge.distributed.proxies import ActorProxy, CriticProxy, ReferenceProxy
+
+    group = RayWorkerGroup(cfg, build_workers)
+    actor_model = load_actor_model(cfg).requires_grad_(False)
+    critic_model = None
+    if cfg.derived["critic_enabled"]:
+        critic_model = load_critic(cfg.critic.model_path or cfg.model.path, reinit_head=cfg.critic.reinit_head,
+                                   **_model_kwargs(cfg)).requires_grad_(False)
+    w = Workers(actor_model, ActorProxy(group, actor_model),
+                ReferenceProxy(group) if cfg.derived["reference_enabled"] else None, critic_model,
+                CriticProxy(group, critic_model) if critic_model is not None else None)
+    return w, group
+
+
 def build_components(cfg: RLConfig) -> Components:
     from reinforge.data import PromptLoader
 
     validate(cfg)
-    d, m = cfg.derived, cfg.model
-    device = d["device"]
+    device, m = cfg.derived["device"], cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     train = load_prompts(list(cfg.data.train_files), tok, cfg)
     if len(train) < cfg.data.train_batch_size:
@@ -83,26 +149,17 @@ def build_components(cfg: RLConfig) -> Components:
     if cfg.data.val_files:
         val = load_prompts(list(cfg.data.val_files), tok, cfg)
         val_items = [val[i] for i in range(min(len(val), cfg.data.max_val_samples))]
-    kw = dict(dtype=m.dtype, device=device, trust_remote_code=m.trust_remote_code,
-              attn_implementation=m.attn_implementation)
-    actor_model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **kw)
-    t = cfg.trainer
-    actor = ActorWorker(actor_model, cfg.actor, m, total_steps=t.total_steps, mini_batch_size=d["actor_mini_batch_size"],
-                        micro_batch_size=d["actor_micro_batch_size"], loss_norm_const=d["loss_norm_const"], seed=t.seed)
-    reference = None
-    if d["reference_enabled"]:
-        ref_model = load_causal_lm(m.path, train=False, **kw)
-        reference = ReferenceWorker(ref_model, m, d["actor_micro_batch_size"])
-    critic_model = critic = None
-    if d["critic_enabled"]:
-        critic_model = load_critic(cfg.critic.model_path or m.path, gradient_checkpointing=m.gradient_checkpointing,
-                                   reinit_head=cfg.critic.reinit_head, **kw)
-        critic = CriticWorker(critic_model, cfg.critic, total_steps=t.total_steps,
-                              mini_batch_size=d["critic_mini_batch_size"],
-                              micro_batch_size=d["critic_micro_batch_size"], seed=t.seed)
+    if cfg.trainer.backend == "ray":
+        w, group = build_ray_workers(cfg)
+        from reinforge.distributed.proxies import SyncedRollout
+
+        rollout = SyncedRollout(make_rollout(cfg, w.actor_model, tok), group)
+    else:
+        w = build_workers(cfg)
+        rollout = make_rollout(cfg, w.actor_model, tok)
     a = cfg.algorithm
     kl_ctrl = make_kl_controller(a.kl_ctrl, a.kl_coef, target_kl=a.target_kl, horizon=a.kl_horizon) \
         if a.use_kl_in_reward else None
     reward = RewardWorker(tok, cfg.reward, a, max_response_length=cfg.rollout.max_response_length, device=device)
-    return Components(tok, actor_model, critic_model, make_rollout(cfg, actor_model, tok), reward, actor, reference,
-                      critic, kl_ctrl, PromptLoader(train, cfg.data.train_batch_size, seed=cfg.data.seed), val_items)
+    return Components(tok, w.actor_model, w.critic_model, rollout, reward, w.actor, w.reference,
+                      w.critic, kl_ctrl, PromptLoader(train, cfg.data.train_batch_size, seed=cfg.data.seed), val_items)

@@ -1,0 +1,59 @@
+"""FSDP2 inside a worker's setup: shard a Hugging Face model over the data-parallel group, and
+move full (unsharded) weights and optimizer state in and out of it.
+
+Each decoder layer is its own FSDP unit (gathered just before it runs, freed after), the root
+holds embeddings, final norm and head. Full state dicts are keyed by parameter name, so a
+checkpoint written by N ranks loads into M ranks or into a local run's model.
+"""
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+
+def decoder_layers(model: nn.Module) -> list[nn.Module]:
+    """Transformer blocks, found by class name so any HF decoder (Qwen2, Llama, ...) works."""
+    return [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))]
+
+
+def shard_model(model: nn.Module) -> nn.Module:
+    """Apply `fully_shard` per decoder layer, then to the root. Returns the same module."""
+    from torch.distributed.fsdp import fully_shard
+
+    for layer in decoder_layers(model):
+        fully_shard(layer)
+    fully_shard(model)
+    return model
+
+
+def _options(**kw):
+    from torch.distributed.checkpoint.state_dict import StateDictOptions
+
+    return StateDictOptions(full_state_dict=True, **kw)
+
+
+def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """Collective: every rank calls it; rank 0 gets the full CPU state dict, others {}."""
+    from torch.distributed.checkpoint.state_dict import get_model_state_dict
+
+    return get_model_state_dict(model, options=_options(cpu_offload=True))
+
+
+def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Collective: every rank passes the same full state dict; each keeps its shards."""
+    from torch.distributed.checkpoint.state_dict import set_model_state_dict
+
+    set_model_state_dict(model, state, options=_options())
+
+
+def full_optim_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
+    """Collective: the optimizer state unsharded and keyed by parameter name (rank 0; others {})."""
+    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
+
+    return get_optimizer_state_dict(model, opt, options=_options(cpu_offload=True))
+
+
+def load_full_optim_state(model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
+    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
+
+    set_optimizer_state_dict(model, opt, state, options=_options())

@@ -1,0 +1,98 @@
+"""A group of Ray actors, one per data-parallel rank, that the trainer uses like one worker.
+
+`RayWorkerGroup` starts the ranks (one GPU each, or one CPU each on a CPU-only cluster),
+rendezvouses them into one torch.distributed group and builds the workers inside each rank.
+The proxies in proxies.py give the trainer the usual `log_probs / update / values` interface.
+
+A rank that dies (killed, out of memory, node lost) fails the call with `WorkerDiedError`:
+the survivors would otherwise wait in a collective until its timeout, so the whole group is
+torn down and the run stops; `reinforge train ... --resume` continues from the last checkpoint.
+"""
+from __future__ import annotations
+
+from reinforge.distributed.rank import RankProcess
+
+
+class WorkerDiedError(RuntimeError):
+    """A rank of the worker group is gone; the run cannot continue."""
+
+
+def world_size(cfg) -> int:
+    return cfg.trainer.nnodes * cfg.trainer.devices_per_node
+
+
+class RayWorkerGroup:
+    def __init__(self, cfg, builder, *, threads_per_rank: int = 1):
+        import ray
+
+        from reinforge.config.load import ConfigError
+
+        self.world = world_size(cfg)
+        batch = cfg.derived["batch_size"]
+        sizes = {"data.train_batch_size * rollout.n": batch, "actor mini-batch": cfg.derived["actor_mini_batch_size"]}
+        if cfg.derived.get("critic_enabled"):
+            sizes["critic mini-batch"] = cfg.derived["critic_mini_batch_size"]
+        for name, n in sizes.items():
+            if n % self.world:
+                raise ConfigError(f"trainer.backend=ray with {self.world} ranks (nnodes * devices_per_node): "
+                                  f"the {name} of {n} sequences must be divisible by {self.world}")
+        if not ray.is_initialized():
+            ray.init()  # joins a running cluster (ray start --head / --address) or starts a local one
+        gpu = str(cfg.derived["device"]).startswith("cuda")
+        opts = {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": threads_per_rank}
+        remote = ray.remote(RankProcess)
+        self.ranks = [remote.options(**opts).remote(r, self.world) for r in range(self.world)]
+        addr, port = self.get([self.ranks[0].address.remote()])[0]
+        self.get([w.setup.remote(cfg, builder, addr, port, threads_per_rank) for w in self.ranks])
+
+    def get(self, refs: list) -> list:
+        """ray.get that fails fast: the first error (not the first ref in order) stops the group."""
+        import ray
+
+        pending, done = list(refs), {}
+        while pending:
+            ready, pending = ray.wait(pending, num_returns=1)
+            for ref in ready:
+                try:
+                    done[ref] = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    self.shutdown()
+                    rank = next((i for i, r in enumerate(refs) if r == ref), "?")
+                    raise WorkerDiedError(
+                        f"rank {rank} of {self.world} in the Ray worker group died ({type(e).__name__}); the run "
+                        f"stops. Resume from the last checkpoint with `reinforge train ... --resume`.") from e
+                except ray.exceptions.RayTaskError as e:
+                    self.shutdown()  # the other ranks may be blocked in a collective with it
+                    raise e.as_instanceof_cause() from None
+        return [done[r] for r in refs]
+
+    def run_split(self, role: str, method: str, batch, **kwargs) -> list:
+        """Each rank gets its contiguous share of `batch` (data-parallel inference)."""
+        if len(batch) % self.world:
+            raise ValueError(f"a batch of {len(batch)} sequences does not split over {self.world} ranks")
+        parts = batch.chunk(self.world)
+        return self.get([w.run.remote(role, method, p, kwargs) for w, p in zip(self.ranks, parts)])
+
+    def run_same(self, role: str, method: str, batch, **kwargs) -> list:
+        """Every rank runs the worker method on the whole `batch` (put in the object store once)."""
+        import ray
+
+        ref = ray.put(batch)
+        return self.get([w.run.remote(role, method, ref, kwargs) for w in self.ranks])
+
+    def run_all(self, role: str, method: str, *args, **kwargs) -> list:
+        """Every rank gets the same arguments (put in the object store once)."""
+        import ray
+
+        refs = [ray.put(a) for a in args]
+        return self.get([getattr(w, method).remote(role, *refs, **kwargs) for w in self.ranks])
+
+    def pids(self) -> list[int]:
+        return self.get([w.pid.remote() for w in self.ranks])
+
+    def shutdown(self) -> None:
+        import ray
+
+        for w in getattr(self, "ranks", []):
+            ray.kill(w, no_restart=True)
+        self.ranks = []

@@ -1,0 +1,83 @@
+"""Stand-ins for the actor, critic, reference and rollout that forward to a RayWorkerGroup.
+
+They keep the local workers' interface, so the trainer's step is the same for both backends:
+inference methods split the batch over ranks and concatenate the results in order; updates
+send the whole batch to every rank (each trains on its slice of every mini-batch, see
+workers/dp.py) and return rank 0's metrics, already summed over ranks.
+
+The driver keeps an unsharded copy of each trained model (`driver_model`): generation with
+the HF rollout runs on it, checkpoints and the HF export read it. It is refreshed from the
+ranks after every update (rollout.sync_weights) and before every checkpoint (state_dict).
+"""
+from __future__ import annotations
+
+from reinforge.protocol import Batch
+
+
+def _load(driver_model, weights: dict) -> None:
+    missing, unexpected = driver_model.load_state_dict(weights, strict=False)
+    # Tied embeddings are stored once; anything else missing is a real mismatch.
+    tied = {k for k in missing if k.endswith("lm_head.weight")}
+    if set(missing) - tied or unexpected:
+        raise RuntimeError(f"weights from the worker group do not match the driver model: "
+                           f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
+
+
+class _TrainedRole:
+    role = ""
+
+    def __init__(self, group, driver_model):
+        self.group, self.driver_model = group, driver_model
+
+    def update(self, batch: Batch) -> dict[str, float]:
+        return self.group.run_same(self.role, "update", batch)[0]
+
+    def state_dict(self) -> dict:
+        """Optimizer (unsharded, by parameter name), scheduler and RNG state; also refreshes the
+        driver model, which the checkpoint then saves."""
+        weights, state = self.group.run_all(self.role, "get_state")[0]
+        _load(self.driver_model, weights)
+        return state
+
+    def load_state_dict(self, state: dict) -> None:
+        """Push the driver model (just loaded from the checkpoint) and `state` to every rank."""
+        self.group.run_all(self.role, "set_state", self.driver_model.state_dict(), state)
+
+
+class ActorProxy(_TrainedRole):
+    role = "actor"
+
+    def log_probs(self, batch: Batch, *, with_entropy: bool = True) -> Batch:
+        return Batch.concat(self.group.run_split("actor", "log_probs", batch, with_entropy=with_entropy))
+
+
+class CriticProxy(_TrainedRole):
+    role = "critic"
+
+    def values(self, batch: Batch) -> Batch:
+        return Batch.concat(self.group.run_split("critic", "values", batch))
+
+
+class ReferenceProxy:
+    def __init__(self, group):
+        self.group = group
+
+    def log_probs(self, batch: Batch) -> Batch:
+        return Batch.concat(self.group.run_split("reference", "log_probs", batch))
+
+
+class SyncedRollout:
+    """The driver's rollout; `sync_weights` copies the trained actor from the ranks into it."""
+
+    def __init__(self, rollout, group):
+        self.inner, self.group = rollout, group
+
+    def generate(self, prompts: Batch, **kwargs) -> Batch:
+        return self.inner.generate(prompts, **kwargs)
+
+    def sync_weights(self, actor_model) -> None:
+        _load(actor_model, self.group.run_all("actor", "pull_weights")[0])
+        self.inner.sync_weights(actor_model)
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)

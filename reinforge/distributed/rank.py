@@ -1,0 +1,91 @@
+"""One data-parallel rank: a process (a Ray actor) that joins the torch.distributed group and
+holds the same worker objects a local run builds, with their models sharded by FSDP2.
+
+The group (group.py) calls `run(role, method, batch)` on every rank at once; each rank runs
+the worker method on its input and the collectives inside (FSDP all-gathers, the actor's
+all-reduces) meet across ranks.
+"""
+from __future__ import annotations
+
+import os
+import random
+import socket
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+from reinforge.distributed import fsdp
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("", 0))
+        return s.getsockname()[1]
+
+
+class RankProcess:
+    def __init__(self, rank: int, world: int):
+        self.rank, self.world = rank, world
+        self.workers: dict = {}
+        self.models: dict = {}
+
+    def address(self) -> tuple[str, int]:
+        """Where rank 0 listens for the group's rendezvous."""
+        import ray
+
+        return ray.util.get_node_ip_address(), _free_port()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def setup(self, cfg, builder, addr: str, port: int, threads: int = 1) -> None:
+        """Join the process group, then build the workers with `builder(cfg, shard=...)`.
+
+        cfg is a validated RLConfig; `builder` is rl_setup.build_workers (passed in, because
+        this layer sits below the trainers and must not import them)."""
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(0)  # Ray exposes one GPU per rank as device 0
+        else:
+            torch.set_num_threads(threads)
+        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}", rank=self.rank,
+                                world_size=self.world, timeout=timedelta(minutes=30))
+        cfg.derived["device"] = "cuda" if cuda else "cpu"
+        # The fused log-prob path reads the head's weight outside any module call, which FSDP
+        # would not have gathered; the plain path calls the root model and is FSDP-safe.
+        cfg.model.fused_logprobs = False
+        seed = cfg.trainer.seed  # the same seed on every rank: identical value-head init, shuffles
+        random.seed(seed)
+        torch.manual_seed(seed)
+        import numpy as np
+
+        np.random.seed(seed % 2**32)
+        w = builder(cfg, shard=fsdp.shard_model)
+        self.workers = {"actor": w.actor, "reference": w.reference, "critic": w.critic}
+        self.models = {"actor": w.actor_model, "critic": w.critic_model}
+
+    def run(self, role: str, method: str, batch, kwargs: dict):
+        out = getattr(self.workers[role], method)(batch, **kwargs)
+        return out.to("cpu") if hasattr(out, "to") and not isinstance(out, dict) else out
+
+    def pull_weights(self, role: str) -> dict:
+        return fsdp.full_model_state(self.models[role])
+
+    def get_state(self, role: str):
+        """(full weights, worker state with the optimizer unsharded and keyed by name); rank 0 only."""
+        worker, model = self.workers[role], self.models[role]
+        state = worker.state_dict()
+        state["optimizer"] = fsdp.full_optim_state(model, worker.opt)
+        weights = fsdp.full_model_state(model)
+        return (weights, state) if self.rank == 0 else None
+
+    def set_state(self, role: str, weights: dict, state: dict) -> None:
+        worker, model = self.workers[role], self.models[role]
+        fsdp.load_full_model_state(model, weights)
+        fsdp.load_full_optim_state(model, worker.opt, state["optimizer"])
+        worker.load_state_dict({**state, "optimizer": worker.opt.state_dict()})  # scheduler, RNG, guard
+
+    def shutdown(self) -> None:
+        if dist.is_initialized():
+            dist.destroy_process_group()

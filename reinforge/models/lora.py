@@ -1,0 +1,25 @@
+"""LoRA adapters on the actor via PEFT.
+
+Only the adapter matrices train; the base weights stay frozen, so the reference policy is the
+same module with the adapter switched off (`ReferenceWorker` uses `disable_adapter()`), and the
+HF export merges the adapter into the base weights (`checkpoint.export_hf`).
+"""
+from __future__ import annotations
+
+
+def apply_lora(model, rank: int, alpha: float, target_modules: list[str]):
+    """Wrap a causal LM with a fresh LoRA adapter. B starts at zero (PEFT's default), so the
+    wrapped model computes exactly the base model until the first update."""
+    from peft import LoraConfig, get_peft_model
+
+    targets = target_modules[0] if target_modules == ["all-linear"] else list(target_modules)
+    cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
+                     task_type="CAUSAL_LM")
+    peft_model = get_peft_model(model, cfg)
+    if getattr(model, "is_gradient_checkpointing", False):
+        peft_model.enable_input_require_grads()  # frozen embeddings would otherwise cut the grad path
+    return peft_model
+
+
+def adapter_parameter_names(model) -> list[str]:
+    return [n for n, p in model.named_parameters() if p.requires_grad]
