@@ -26,7 +26,7 @@ PANELS: list[tuple[str, str, list[str]]] = [
     ("Clip fractions", "fraction of tokens", ["actor/pg_clipfrac", "actor/pg_clipfrac_lower", "critic/vf_clipfrac"]),
     ("Response length", "tokens", ["response_length/mean", "response_length/correct_mean",
                                    "response_length/incorrect_mean"]),
-    ("Advantage by position", "mean advantage", [r"re:^diag/adv_pos_bucket_\d+$", "diag/adv_pos_corr"]),
+    ("Advantage-position correlation", "Pearson r", ["diag/adv_pos_corr"]),
     ("Losses", "loss", ["actor/pg_loss", "critic/vf_loss"]),
     ("Timing per stage", "seconds", [r"re:^timing_s/(?!step$).+"]),
 ]
@@ -67,12 +67,38 @@ def plot_panel(rows: list[dict], title: str, ylabel: str, specs: list[str], out:
         return None
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
     for name, (x, y) in series.items():
-        ax.plot(x, y, marker="o" if len(x) < 30 else None, markersize=3, linewidth=1.5, label=name)
+        ax.plot(x, y, marker="o" if len(x) < 30 else None, markersize=3, linewidth=1.5,
+                label=name.split("/", 1)[-1] if name.count("/") > 1 else name)
     ax.set_title(title)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, loc="best")
+    fig.tight_layout()
+    fig.savefig(out)
+    plt.close(fig)
+    return out
+
+
+def plot_position_profile(rows: list[dict], out: Path) -> Path | None:
+    """Mean advantage per relative-position bucket (x) at a few training steps (lines): the
+    view VAPO uses to show value-initialisation bias towards early tokens."""
+    keyed = [r for r in rows if any(k.startswith("diag/adv_pos_bucket_") for k in r)]
+    if not keyed:
+        return None
+    picks = sorted({0, len(keyed) // 2, len(keyed) - 1})
+    fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=110)
+    for i in picks:
+        r = keyed[i]
+        b = sorted((int(k.rsplit("_", 1)[1]), v) for k, v in r.items() if k.startswith("diag/adv_pos_bucket_"))
+        n = max(k for k, _ in b) + 1
+        ax.plot([(k + 0.5) / n for k, _ in b], [v for _, v in b], marker="o", label=f"step {r['step']}")
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set_title("Advantage by position in the response")
+    ax.set_xlabel("relative position (0 = first token, 1 = last)")
+    ax.set_ylabel("mean advantage")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -104,6 +130,9 @@ def write_report(run_dir: str | Path) -> Path:
         p = plot_panel(rows, title, ylabel, specs, out / f"{slug}.png")
         if p is not None:
             pngs.append((title, p))
+    profile = plot_position_profile(rows, out / "advantage_by_position.png")
+    if profile is not None:
+        pngs.append(("Advantage by position", profile))
     imgs = "".join(f'<figure><img alt="{html.escape(t)}" src="data:image/png;base64,'
                    f'{base64.b64encode(p.read_bytes()).decode()}"/></figure>' for t, p in pngs)
     cfg_path = run_dir / "config.yaml"
