@@ -142,9 +142,9 @@ class RLTrainer:
                            progress=t.progress, config=self.cfg.to_dict())
         last: dict[str, float] = {}
         try:
-            if t.val_before_train and self.step_idx == 0:
-                last = self.run_validation()
-                logger.log(0, last)
+            if self.step_idx == 0:
+                last = self.run_validation() if t.val_before_train else {}
+                logger.log(0, {**last, "data/skipped_prompts": float(self.cfg.derived.get("skipped_prompts", 0))})
             while self.step_idx < t.total_steps:
                 self.step_idx += 1
                 metrics = self.step()

@@ -145,6 +145,11 @@ def build_components(cfg: RLConfig) -> Components:
     if len(train) < cfg.data.train_batch_size:
         raise ValueError(f"data.train_files hold {len(train)} usable prompts, fewer than "
                          f"data.train_batch_size={cfg.data.train_batch_size}")
+    skipped = sum(getattr(p, "num_skipped", 0) for p in getattr(train, "parts", [train]))
+    if skipped:
+        print(f"[reinforge] skipped {skipped} training prompts longer than data.max_prompt_length="
+              f"{cfg.data.max_prompt_length} (data.overlong_prompt=skip)")
+    d["skipped_prompts"] = skipped
     val_items = []
     if cfg.data.val_files:
         val = load_prompts(list(cfg.data.val_files), tok, cfg)
