@@ -149,7 +149,7 @@ def build_components(cfg: RLConfig) -> Components:
     if skipped:
         print(f"[reinforge] skipped {skipped} training prompts longer than data.max_prompt_length="
               f"{cfg.data.max_prompt_length} (data.overlong_prompt=skip)")
-    d["skipped_prompts"] = skipped
+    cfg.derived["skipped_prompts"] = skipped
     val_items = []
     if cfg.data.val_files:
         val = load_prompts(list(cfg.data.val_files), tok, cfg)
