@@ -12,7 +12,7 @@ runs the actor's full update (forward, backward, optimizer step) on the same bat
   (`actor.max_tokens_per_micro_batch`, `model.use_packing=true`).
 
 Throughput counts real (non-padding) tokens. Timings are medians of `--repeats` updates after
-a warm-up; the table also checks that both variants reach the same gradient norm.
+a warm-up, the two variants alternating; the table also checks that both variants reach the same gradient norm.
 """
 from __future__ import annotations
 
@@ -56,14 +56,19 @@ def make_actor(model_dir: str, packed: bool, micro: int, budget: int, B: int) ->
                        mini_batch_size=B, micro_batch_size=micro, loss_norm_const=1.0, seed=0)
 
 
-def time_updates(actor: ActorWorker, batch: Batch, repeats: int) -> tuple[float, float]:
-    actor.update(batch)  # warm-up
-    times, gn = [], 0.0
+def time_interleaved(actors: dict[str, ActorWorker], batch: Batch, repeats: int) -> dict[str, tuple[float, float]]:
+    """Median update time per variant. Variants alternate within each repeat, so a busy
+    (shared) machine slows both alike instead of whichever ran during the busy spell."""
+    times: dict[str, list[float]] = {k: [] for k in actors}
+    gn = {}
+    for a in actors.values():
+        a.update(batch)  # warm-up
     for _ in range(repeats):
-        t0 = time.perf_counter()
-        gn = actor.update(batch)["actor/grad_norm"]
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times), gn
+        for name, a in actors.items():
+            t0 = time.perf_counter()
+            gn[name] = a.update(batch)["actor/grad_norm"]
+            times[name].append(time.perf_counter() - t0)
+    return {k: (statistics.median(v), gn[k]) for k, v in times.items()}
 
 
 def main() -> None:
@@ -73,7 +78,7 @@ def main() -> None:
     ap.add_argument("--prompt-len", type=int, default=64)
     ap.add_argument("--response-len", type=int, default=192)
     ap.add_argument("--micro", type=int, default=8)
-    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
     if args.quick:
         args.batch, args.prompt_len, args.response_len, args.repeats = 16, 16, 48, 2
@@ -85,11 +90,10 @@ def main() -> None:
         batch = ragged_batch(B, P, T, len(tok))
         real = int(batch["attention_mask"].sum())
         budget = args.micro * (P + T) // 2
-        rows = []
-        for name, packed in (("padded", False), ("packed", True)):
-            actor = make_actor(d, packed, args.micro, budget, B)
-            sec, gn = time_updates(actor, batch, args.repeats)
-            rows.append((name, sec, real / sec, gn))
+        actors = {name: make_actor(d, packed, args.micro, budget, B) for name, packed in (("padded", False),
+                                                                                         ("packed", True))}
+        res = time_interleaved(actors, batch, args.repeats)
+        rows = [(name, sec, real / sec, gn) for name, (sec, gn) in res.items()]
     pad = 1 - real / batch["attention_mask"].numel()
     print(f"\nactor update, tiny Qwen2 (hidden 256, 4 layers), B={B}, L={P + T}, padding {pad:.0%}, "
           f"micro={args.micro} seqs vs budget={budget} tokens, threads={torch.get_num_threads()}\n")

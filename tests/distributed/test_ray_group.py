@@ -84,17 +84,25 @@ def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tm
 
 
 def test_ray_backend_trains_and_resumes(ray_cluster, tiny_model_dir, arith_data, tmp_path):
+    """A GRPO run through RLTrainer with 2 ranks; stopped after step 2 and resumed, it ends with
+    the same weights as an uninterrupted 3-step run."""
+    from safetensors.torch import load_file
+
     from reinforge.trainers.rl import RLTrainer
 
-    extra = {"trainer.backend": "ray", "trainer.devices_per_node": 2, "trainer.save_every": 1,
-             "trainer.export_hf": True, "trainer.val_before_train": False}
-    cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **extra))
-    last = RLTrainer(cfg).fit()
+    def cfg(run, steps):
+        extra = {"trainer.backend": "ray", "trainer.devices_per_node": 2, "trainer.save_every": 1,
+                 "trainer.keep_last": 3, "trainer.val_before_train": False, "trainer.total_steps": steps}
+        return load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(run), **extra))
+
+    last = RLTrainer(cfg(tmp_path / "a", 3)).fit()
     assert torch.isfinite(torch.tensor(last["actor/pg_loss"])) and "actor/kl_loss" in last
-    assert (tmp_path / "checkpoints" / "step_2" / "COMPLETE").exists() and (tmp_path / "hf").exists()
-    cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path),
-                                                     **{**extra, "trainer.total_steps": 3}))
-    trainer = RLTrainer(cfg)
+    assert (tmp_path / "a" / "hf").exists()
+    RLTrainer(cfg(tmp_path / "b", 2)).fit()
+    trainer = RLTrainer(cfg(tmp_path / "b", 3))
     trainer.fit(resume=True)
-    steps = [json.loads(x)["step"] for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
-    assert steps[-1] == 3 and trainer.step_idx == 3
+    steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 3
+    wa = load_file(str(tmp_path / "a" / "checkpoints" / "step_3" / "actor.safetensors"))
+    wb = load_file(str(tmp_path / "b" / "checkpoints" / "step_3" / "actor.safetensors"))
+    assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= TOL
