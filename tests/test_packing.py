@@ -126,3 +126,15 @@ def test_packed_update_equals_padded_update(tiny_model_dir):
     assert ma.keys() == mb.keys()
     for k in ma:
         assert abs(ma[k] - mb[k]) <= 1e-5 * max(1.0, abs(ma[k])), k
+
+
+def test_equal_count_partition_balances_tokens():
+    from reinforge.models.packing import equal_count_partition
+
+    lengths = [100, 90, 10, 5, 50, 45, 3, 2]
+    parts = equal_count_partition(lengths, 2)
+    assert [len(p) for p in parts] == [4, 4] and sorted(sum(parts, [])) == list(range(8))
+    sums = [sum(lengths[i] for i in p) for p in parts]
+    assert abs(sums[0] - sums[1]) <= 20  # contiguous halves would be 245 vs 60
+    with pytest.raises(ValueError, match="equal parts"):
+        equal_count_partition([1, 2, 3], 2)

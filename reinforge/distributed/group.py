@@ -66,12 +66,19 @@ class RayWorkerGroup:
                     raise e.as_instanceof_cause() from None
         return [done[r] for r in refs]
 
-    def run_split(self, role: str, method: str, batch, **kwargs) -> list:
-        """Each rank gets its contiguous share of `batch` (data-parallel inference)."""
+    def run_split(self, role: str, method: str, batch, **kwargs):
+        """Data-parallel inference: each rank gets an equal number of rows with about equal
+        tokens; the per-row results come back in the batch's order."""
+        from reinforge.models.packing import equal_count_partition, restore_order
+        from reinforge.protocol import Batch
+
         if len(batch) % self.world:
             raise ValueError(f"a batch of {len(batch)} sequences does not split over {self.world} ranks")
-        parts = batch.chunk(self.world)
-        return self.get([w.run.remote(role, method, p, kwargs) for w, p in zip(self.ranks, parts)])
+        parts = equal_count_partition(batch["attention_mask"].sum(-1).tolist(), self.world)
+        outs = self.get([w.run.remote(role, method, batch.index(p), kwargs) for w, p in zip(self.ranks, parts)])
+        order = [i for p in parts for i in p]
+        out = Batch.concat(outs)
+        return Batch({k: restore_order(v, order) for k, v in out.tensors.items()}, meta=out.meta)
 
     def run_same(self, role: str, method: str, batch, **kwargs) -> list:
         """Every rank runs the worker method on the whole `batch` (put in the object store once)."""

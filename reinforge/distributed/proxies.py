@@ -1,9 +1,10 @@
 """Stand-ins for the actor, critic, reference and rollout that forward to a RayWorkerGroup.
 
 They keep the local workers' interface, so the trainer's step is the same for both backends:
-inference methods split the batch over ranks and concatenate the results in order; updates
-send the whole batch to every rank (each trains on its slice of every mini-batch, see
-workers/dp.py) and return rank 0's metrics, already summed over ranks.
+inference methods split the batch over ranks (equal counts, balanced tokens) and gather the
+results in the batch's order; updates send the whole batch to every rank (each trains on its
+slice of every mini-batch, see workers/dp.py) and return rank 0's metrics, already summed
+over ranks.
 
 The driver keeps an unsharded copy of each trained model (`driver_model`): generation with
 the HF rollout runs on it, checkpoints and the HF export read it. It is refreshed from the
@@ -48,14 +49,14 @@ class ActorProxy(_TrainedRole):
     role = "actor"
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = True) -> Batch:
-        return Batch.concat(self.group.run_split("actor", "log_probs", batch, with_entropy=with_entropy))
+        return self.group.run_split("actor", "log_probs", batch, with_entropy=with_entropy)
 
 
 class CriticProxy(_TrainedRole):
     role = "critic"
 
     def values(self, batch: Batch) -> Batch:
-        return Batch.concat(self.group.run_split("critic", "values", batch))
+        return self.group.run_split("critic", "values", batch)
 
 
 class ReferenceProxy:
@@ -63,7 +64,7 @@ class ReferenceProxy:
         self.group = group
 
     def log_probs(self, batch: Batch) -> Batch:
-        return Batch.concat(self.group.run_split("reference", "log_probs", batch))
+        return self.group.run_split("reference", "log_probs", batch)
 
 
 class SyncedRollout:

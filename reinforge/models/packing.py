@@ -67,6 +67,22 @@ def balanced_groups(lengths: list[int], k: int) -> list[list[int]]:
     return [sorted(g) for g in groups if g]
 
 
+def equal_count_partition(lengths: list[int], n: int) -> list[list[int]]:
+    """n parts of len(lengths) / n indices each (len must divide), with near-equal token sums:
+    longest first into the lightest part that still has room. Data-parallel ranks get the same
+    number of sequences (same number of forward passes) and about the same work."""
+    per = len(lengths) // n
+    if per * n != len(lengths):
+        raise ValueError(f"{len(lengths)} sequences do not split into {n} equal parts")
+    parts: list[list[int]] = [[] for _ in range(n)]
+    load = [0] * n
+    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
+        r = min((r for r in range(n) if len(parts[r]) < per), key=lambda r: (load[r], r))
+        parts[r].append(i)
+        load[r] += lengths[i]
+    return [sorted(p) for p in parts]
+
+
 def num_token_groups(lengths: list[int], max_tokens: int) -> int:
     """Smallest k (from the token total up) whose balanced split keeps every group <= max_tokens
     (a single sequence longer than the budget gets a group of its own)."""

@@ -30,9 +30,14 @@ def rank() -> int:
 
 
 def shard(batch: Batch) -> Batch:
-    """This rank's contiguous slice of `batch` (the whole batch on one process)."""
+    """This rank's rows of `batch` (the whole batch on one process): equal counts, balanced
+    tokens. Every rank computes the same partition from the same data, so the shards are disjoint."""
+    from reinforge.models.packing import equal_count_partition
+
     n = world_size()
-    return batch if n == 1 else batch.chunk(n)[rank()]
+    if n == 1:
+        return batch
+    return batch.index(equal_count_partition(batch["attention_mask"].sum(-1).tolist(), n)[rank()])
 
 
 def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:
