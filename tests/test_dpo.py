@@ -101,7 +101,7 @@ def test_cached_reference_equals_live(tiny_model_dir, small_prefs, tmp_path, mon
 
 
 @pytest.mark.parametrize("extra", [{"dpo.loss_type": "ipo"}, {"dpo.loss_type": "hinge"},
-                                   {"dpo.reduction": "mean", "dpo.label_smoothing": 0.1}])
+                                   {"dpo.reduction": "mean", "dpo.label_smoothing": 0.1, "dpo.nll_coef": 0.5}])
 def test_loss_variants_run(tiny_model_dir, small_prefs, tmp_path, extra):
     trainer = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(
         tiny_model_dir, small_prefs, tmp_path, **{"optim.total_steps": 2, **extra})))

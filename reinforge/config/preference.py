@@ -70,6 +70,9 @@ class DPOParams:
     """sigmoid only: assumed probability that a pair's label is flipped (conservative DPO)."""
     reduction: str = "sum"
     """Sequence log-prob: sum of token log-probs (the paper) or their mean (length-normalised)."""
+    nll_coef: float = 0.0
+    """Weight of a per-token NLL term on the chosen response (RPO, https://arxiv.org/abs/2404.19733);
+    0 is plain DPO."""
     ref_model_path: Optional[str] = None
     """Reference model folder; None means model.path (the policy's starting point)."""
     precompute_ref: bool = False
@@ -175,6 +178,7 @@ def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None)
         _need(p.loss_type in DPO_LOSS_TYPES, f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(DPO_LOSS_TYPES)}")
         _need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
         _need(p.beta > 0, f"dpo.beta={p.beta} must be > 0")
+        _need(p.nll_coef >= 0, f"dpo.nll_coef={p.nll_coef} must be >= 0")
         _need(0 <= p.label_smoothing < 0.5, f"dpo.label_smoothing={p.label_smoothing} must be in [0, 0.5)")
         _need(p.label_smoothing == 0 or p.loss_type == "sigmoid", "dpo.label_smoothing applies to loss_type=sigmoid only")
         if p.ref_model_path:

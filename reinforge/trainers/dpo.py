@@ -26,16 +26,21 @@ from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_
                                                   print_summary)
 
 
-def policy_sequence_logps(model, batch: dict, model_cfg, reduction: str) -> torch.Tensor:
-    """Sequence log-probs of the response part of each row: (2B, L) batch -> (2B,).
+def response_token_logps(model, batch: dict, model_cfg) -> tuple[torch.Tensor, torch.Tensor]:
+    """Token log-probs of each row and the mask of its response tokens: (2B, L) -> (2B, L-1) x2.
 
     Rows are right-padded whole sequences, so the "response" of response_logprobs is every token
     after the first; loss_mask[:, 1:] keeps the chosen/rejected tokens (and their EOS).
     """
     L = batch["input_ids"].shape[1]
     logp, _ = response_logprobs(model, batch["input_ids"], batch["attention_mask"], L - 1,
-                                fused=model_cfg.fused_logprobs, chunk_size=model_cfg.logprob_chunk_size)  # (2B, L-1)
-    return sequence_logps(logp.float(), batch["loss_mask"][:, 1:], reduction)
+                                fused=model_cfg.fused_logprobs, chunk_size=model_cfg.logprob_chunk_size)
+    return logp.float(), batch["loss_mask"][:, 1:]
+
+
+def policy_sequence_logps(model, batch: dict, model_cfg, reduction: str) -> torch.Tensor:
+    """Sequence log-probs (sum or mean over response tokens) of each row: (2B, L) batch -> (2B,)."""
+    return sequence_logps(*response_token_logps(model, batch, model_cfg), reduction)
 
 
 def _model_fingerprint(path: str) -> str:
@@ -147,10 +152,17 @@ class DPOTrainer(PairTrainer):
     def pair_loss(self, items: list[dict], split: str = "train"):
         p, B = self.cfg.dpo, len(items)
         batch = pair_tensors(items, self.pad_id, self.device)  # (2B, L): chosen rows, then rejected
-        seq = policy_sequence_logps(self.model, batch, self.cfg.model, p.reduction)  # (2B,)
+        logp, mask = response_token_logps(self.model, batch, self.cfg.model)  # (2B, L-1)
+        seq = sequence_logps(logp, mask, p.reduction)  # (2B,)
         ref_c, ref_r = self.reference_logps(items, batch, split)
         loss, metrics = dpo_loss(seq[:B], seq[B:], ref_c, ref_r, beta=p.beta, loss_type=p.loss_type,
                                  label_smoothing=p.label_smoothing)
+        if p.nll_coef:
+            # RPO: DPO alone may lower both likelihoods (only their gap is constrained); the
+            # chosen response's per-token NLL keeps the preferred answer likely.
+            nll = -sequence_logps(logp[:B], mask[:B], "mean").mean()
+            loss = loss + p.nll_coef * nll
+            metrics["nll/chosen"] = nll.detach()
         metrics["logps/chosen"] = seq[:B].detach().mean()
         metrics["logps/rejected"] = seq[B:].detach().mean()
         return loss, metrics
