@@ -138,3 +138,33 @@ def test_equal_count_partition_balances_tokens():
     assert abs(sums[0] - sums[1]) <= 20  # contiguous halves would be 245 vs 60
     with pytest.raises(ValueError, match="equal parts"):
         equal_count_partition([1, 2, 3], 2)
+
+
+def test_packed_critic_update_equals_padded(tiny_model_dir):
+    from reinforge.config.schema import CriticConfig
+    from reinforge.models.loading import load_critic
+    from reinforge.workers.critic import CriticWorker
+
+    def critic(packed: bool):
+        torch.manual_seed(0)
+        model = load_critic(tiny_model_dir, dtype="float32")
+        cfg = CriticConfig(lr=1e-4, micro_batch_size=2, max_tokens_per_micro_batch=16 if packed else 0)
+        return CriticWorker(model, cfg, total_steps=2, mini_batch_size=6, micro_batch_size=2, seed=0,
+                            use_packing=packed)
+
+    a, b = critic(False), critic(True)
+    batch = _rl_batch(a.model.config.vocab_size)
+    va, vb = a.values(batch), b.values(batch)
+    m = batch["response_mask"].bool()
+    assert (va["values"] - vb["values"])[m].abs().max() <= 1e-5
+    batch = batch | va | _returns(batch)
+    ma, mb = a.update(batch), b.update(batch)
+    for k in ma:
+        assert abs(ma[k] - mb[k]) <= 1e-5 * max(1.0, abs(ma[k])), k
+    assert max(float((p - q).detach().abs().max()) for p, q in zip(a.model.parameters(), b.model.parameters())) <= 1e-5
+
+
+def _returns(batch):
+    from reinforge.protocol import Batch
+
+    return Batch({"returns": torch.randn(batch["advantages"].shape, generator=torch.Generator().manual_seed(5))})
