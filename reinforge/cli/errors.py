@@ -8,12 +8,12 @@ def _collect() -> tuple[type[BaseException], ...]:
     from reinforge.models.loading import ModelLoadError
 
     errors: list[type[BaseException]] = [ConfigError, DataError, ModelLoadError, FloatingPointError, FileNotFoundError]
-    try:
-        from reinforge.rewards import RewardError
+    from reinforge.rewards import RewardError
 
-        errors.append(RewardError)
-    except ImportError:
-        pass
+    errors.append(RewardError)
+    from reinforge.distributed.errors import WorkerDiedError
+
+    errors.append(WorkerDiedError)
     return tuple(errors)
 
 

@@ -10,11 +10,8 @@ torn down and the run stops; `reinforge train ... --resume` continues from the l
 """
 from __future__ import annotations
 
+from reinforge.distributed.errors import WorkerDiedError  # noqa: F401  (re-exported)
 from reinforge.distributed.rank import RankProcess
-
-
-class WorkerDiedError(RuntimeError):
-    """A rank of the worker group is gone; the run cannot continue."""
 
 
 def world_size(cfg) -> int:
