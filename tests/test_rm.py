@@ -70,6 +70,7 @@ def test_rm_export_loads_as_reward_model_and_critic(trained_rm):
     hf = str(run_dir / "hf")
     rm = load_reward_model(hf)
     assert type(rm).__name__.endswith("ForSequenceClassification") and rm.config.num_labels == 1
+    assert rm.config.reinforge_score_eos is False
     critic = load_critic(hf)
     assert torch.equal(critic.score.weight, rm.score.weight)  # the critic starts from the RM's head
 

@@ -68,6 +68,11 @@ class RMTrainer(PairTrainer):
         self.model = load_rm_for_training(m.path, tok, m, cfg.derived["device"])
         self.setup(cfg, tok, train, val)
 
+    def export(self):
+        # Recorded so that a scorer can read the score where it was trained (after EOS or not).
+        self.model.config.reinforge_score_eos = bool(self.cfg.rm.score_eos)
+        return super().export()
+
     def pair_loss(self, items: list[dict], split: str = "train"):
         B = len(items)
         r = sequence_rewards(self.model, pair_tensors(items, self.pad_id, self.device), self.cfg.rm.score_eos)  # (2B,)
