@@ -93,3 +93,14 @@ def test_rm_cli_reports_bad_pair(tiny_model_dir, tmp_path, capsys):
     rc = main(["rm", f"model.path={tiny_model_dir}", f"data.train_files=[{path}]", f"trainer.run_dir={tmp_path}/r"])
     err = capsys.readouterr().err
     assert rc == 2 and "prefs.parquet: row 1: field 'prompt'" in err, err
+
+
+def test_run_dir_in_use_is_refused(tmp_path):
+    from reinforge.config.load import ConfigError
+    from reinforge.trainers.preference_common import lock_run_dir
+
+    held = lock_run_dir(tmp_path)
+    with pytest.raises(ConfigError, match="in use"):
+        lock_run_dir(tmp_path)
+    held.close()
+    lock_run_dir(tmp_path).close()  # free again once the holder is gone

@@ -145,6 +145,7 @@ class PairTrainer:
     # ---- the loop ---------------------------------------------------------------------------
     def fit(self, resume: bool | str = False) -> dict[str, float]:
         t = self.cfg.trainer
+        self._lock = lock_run_dir(self.run_dir)
         if resume:
             self.resume(None if resume is True else resume)
         save_config(self.cfg, self.run_dir / "config.yaml")
@@ -169,6 +170,7 @@ class PairTrainer:
                 self.export()
         finally:
             logger.close()
+            self._lock.close()
         return last
 
     def _validate(self, logger: RunLogger) -> dict[str, float]:
@@ -202,6 +204,23 @@ class PairTrainer:
         self.sched.load_state_dict(state["scheduler"])
         set_rng_state(state["rng"])
         return self.step_idx
+
+
+def lock_run_dir(run_dir: Path):
+    """Hold an exclusive lock on run_dir/.lock: two runs writing one run directory would
+    interleave metrics.jsonl and race on checkpoints. The OS drops the lock if the process dies."""
+    import fcntl
+
+    from reinforge.config.load import ConfigError
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise ConfigError(f"trainer.run_dir={str(run_dir)!r} is in use by another running process") from None
+    return f
 
 
 def prepare(schema, args_or_cfg):
