@@ -18,6 +18,20 @@ HERE = Path(__file__).parent
 ROOT = Path("runs/tuning")
 
 
+def _patch_adam_eps(eps: float) -> None:
+    """A large eps turns Adam's sign-like per-coordinate steps into gradient-proportional ones:
+    coordinates whose RL gradient is small (mostly noise) then barely move."""
+    import torch
+
+    import reinforge.workers.actor as actor
+
+    def make_optimizer(params, lr, weight_decay, betas=(0.9, 0.999)):
+        return torch.optim.AdamW([p for p in params if p.requires_grad], lr=lr, weight_decay=weight_decay,
+                                 betas=tuple(betas), eps=eps, foreach=False)
+
+    actor.make_optimizer = make_optimizer
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--name", required=True)
@@ -25,6 +39,8 @@ def main() -> None:
     ap.add_argument("--digits", type=int, default=2)
     ap.add_argument("--ops", default="+")
     ap.add_argument("--pool", type=int, default=0, help="RL prompt pool: the first N train prompts (0: all)")
+    ap.add_argument("--adam-eps", type=float, default=0.0,
+                    help="experiment hook: AdamW eps for the RL actor (the engine fixes 1e-8; not a config key)")
     ap.add_argument("--sft", nargs="*", default=[], help="extra SFT overrides (part of the cache key)")
     ap.add_argument("overrides", nargs="*")
     args = ap.parse_args()
@@ -63,6 +79,8 @@ def main() -> None:
         import shutil
 
         shutil.rmtree(run_dir)
+    if args.adam_eps:
+        _patch_adam_eps(args.adam_eps)
     t0 = time.perf_counter()
     cfg = load_config(RLConfig, "demo_grpo", [f"model.path={sft_dir / 'hf'}", f"data.train_files=[{train_file}]",
                                               f"data.val_files=[{data_dir}/test.parquet]", f"trainer.run_dir={run_dir}",
@@ -75,7 +93,7 @@ def main() -> None:
               **{k[4:]: round(v, 3) for k, v in r.items() if k.startswith("val/pass@")}}
              for r in rows if "val/acc_greedy" in r]
     train = [r for r in rows if "critic/score/mean" in r]
-    result = {"name": args.name, "task": task_key, "pool": args.pool, "sft_steps": args.sft_steps, "sft": args.sft,
+    result = {"name": args.name, "task": task_key, "pool": args.pool, "adam_eps": args.adam_eps, "sft_steps": args.sft_steps, "sft": args.sft,
               "overrides": args.overrides, "curve": curve,
               "train_reward_first_last": [round(train[0]["critic/score/mean"], 3), round(train[-1]["critic/score/mean"], 3)],
               "sft_s": round(sft_s, 1), "rl_s": round(rl_s, 1),

@@ -94,7 +94,7 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int = 1024
 # ---- the trainer --------------------------------------------------------------------------------
 class SFTTrainer:
     def __init__(self, cfg: SFTConfig):
-        from reinforge.data import PromptLoader, SFTDataset
+        from reinforge.data import PromptLoader, SFTDataset  # PromptLoader: a seeded, resumable order
         from reinforge.models.loading import load_causal_lm, load_tokenizer
 
         self.cfg, m, d = cfg, cfg.model, cfg.data
@@ -102,11 +102,14 @@ class SFTTrainer:
         seed_everything(cfg.trainer.seed)
         self.device = cfg.derived["device"]
         self.tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-        load = lambda files: [it for f in files for it in SFTDataset(f, self.tok, max_length=d.max_length,  # noqa: E731
-                                                                     overlong=d.overlong)]
+
+        def load(files: list) -> list[dict]:
+            return [it for f in files for it in SFTDataset(f, self.tok, max_length=d.max_length, overlong=d.overlong)]
+
         train = load(d.train_files)
+        # Packing happens once, in file order; the loader then shuffles whole packed rows.
         self.train_rows = pack_examples(train, d.max_length) if d.packing else train
-        self.val_rows = load(d.val_files)
+        self.val_rows = load(d.val_files)  # validation loss is computed unpacked
         validate_sft(cfg, len(self.train_rows))
         self.total_steps = cfg.derived["total_steps"]
         self.loader = PromptLoader(self.train_rows, min(d.batch_size, len(self.train_rows)), seed=d.seed)
