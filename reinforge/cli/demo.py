@@ -88,6 +88,30 @@ def format_table(report: dict) -> str:
 
 
 def main(args) -> int:
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        return run_demo(args, _threads())
+    finally:
+        torch.set_num_threads(before)  # in-process callers (tests) keep their setting
+
+
+def _threads() -> int:
+    """One torch thread unless OMP_NUM_THREADS says otherwise. On a 2-core machine shared with
+    other jobs, two OpenMP threads spin-wait on each other: an SFT step of the tiny model took
+    11 s with 2 threads and 0.2 s with 1 (benchmarks/demo_tuning/README.md). On an idle machine 1
+    thread costs little at this model size, and the demo still fits its budget."""
+    import os
+
+    import torch
+
+    if "OMP_NUM_THREADS" not in os.environ:
+        torch.set_num_threads(1)
+    return torch.get_num_threads()
+
+
+def run_demo(args, threads: int) -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
@@ -101,8 +125,8 @@ def main(args) -> int:
     before, final = run_rl(out, base, paths, args.quick)
     times["rl"] = time.perf_counter() - t
     times["total"] = time.perf_counter() - t_all
-    report = {"task": task, "quick": args.quick, "base": _val(before), "rl": _val(final), "time_s": times,
-              "base_model": str(base), "rl_run_dir": str(out / "grpo"), "rl_model": str(out / "grpo" / "hf")}
+    report = {"task": task, "quick": args.quick, "torch_threads": threads, "base": _val(before), "rl": _val(final),
+              "time_s": times, "base_model": str(base), "rl_run_dir": str(out / "grpo"), "rl_model": str(out / "grpo" / "hf")}
     report["delta_acc_greedy"] = report["rl"]["acc_greedy"] - report["base"]["acc_greedy"]
     (out / "demo_report.json").write_text(json.dumps(report, indent=2))
     print("\n" + format_table(report))
