@@ -11,8 +11,10 @@ import sys
 
 def _add_train_args(p: argparse.ArgumentParser, default_config: str | None) -> None:
     p.add_argument("--config", default=default_config, help="preset name or YAML file")
-    p.add_argument("--resume", nargs="?", const=True, default=False,
-                   help="continue from the latest checkpoint in the run dir (or the given checkpoint folder)")
+    p.add_argument("--resume", action="store_true",
+                   help="continue from the latest complete checkpoint in trainer.run_dir")
+    p.add_argument("--resume-from", default=None, metavar="CHECKPOINT",
+                   help="continue from this checkpoint folder (runs/x/checkpoints/step_N)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8")
 
 
@@ -24,7 +26,7 @@ def cmd_train(args) -> int:
     cfg = load_config(RLConfig, args.config, args.overrides)
     trainer = RLTrainer(cfg)
     _save_resolved(cfg)
-    final = trainer.fit(resume=args.resume)
+    final = trainer.fit(resume=args.resume_from or args.resume)
     _print_summary(final, cfg.trainer.run_dir)
     return 0
 

@@ -28,6 +28,11 @@ class RewardModelScorer:
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         if self.pad_id is None:
             raise ValueError("reward model tokenizer has neither a pad nor an eos token")
+        # An RM trained to read its score at the EOS after the response (reinforge rm with
+        # rm.score_eos) must see that EOS here too; decoded responses carry no special tokens.
+        self.append_eos = bool(getattr(self.model.config, "reinforge_score_eos", False))
+        if self.append_eos and self.tokenizer.eos_token_id is None:
+            raise ValueError("reward model scores at EOS but its tokenizer has no eos token")
 
     def _head_outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Per-position scores (B, L): captured from the `score` head if the model has one."""
@@ -52,6 +57,8 @@ class RewardModelScorer:
             stop = start + self.batch_size
             texts = [p + r for p, r in zip(prompts[start:stop], responses[start:stop])]
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            if self.append_eos:
+                ids = [x + [self.tokenizer.eos_token_id] for x in ids]
             length = max(len(x) for x in ids)
             input_ids = torch.full((len(ids), length), self.pad_id, dtype=torch.long)
             attention_mask = torch.zeros((len(ids), length), dtype=torch.long)

@@ -192,6 +192,6 @@ def main(args) -> int:
         args.config = "dpo"
     cfg = prepare(DPOConfig, args)
     trainer = DPOTrainer(cfg)
-    final = trainer.fit(resume=args.resume)
+    final = trainer.fit(resume=args.resume_from or args.resume)
     print_summary(final, cfg.trainer.run_dir)
     return 0

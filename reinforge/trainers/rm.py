@@ -94,6 +94,6 @@ def main(args) -> int:
         args.config = "rm"
     cfg = prepare(RMConfig, args)
     trainer = RMTrainer(cfg)
-    final = trainer.fit(resume=args.resume)
+    final = trainer.fit(resume=args.resume_from or args.resume)
     print_summary(final, cfg.trainer.run_dir)
     return 0

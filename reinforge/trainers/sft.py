@@ -250,7 +250,7 @@ def main(args) -> int:
     cfg = load_config(SFTConfig, args.config, args.overrides)
     trainer = SFTTrainer(cfg)
     save_config(cfg, Path(cfg.trainer.run_dir) / "config.yaml")
-    final = trainer.fit(resume=args.resume)
+    final = trainer.fit(resume=args.resume_from or args.resume)
     shown = ", ".join(f"{k}={final[k]:.4f}" for k in sorted(final) if k.startswith("val/") and k.count("/") == 1)
     print(f"done. {shown}\nrun directory: {cfg.trainer.run_dir}\nmodel: {Path(cfg.trainer.run_dir) / 'hf'}")
     return 0
