@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from reinforge.config.load import ConfigError
+from reinforge.config.common import OptimConfig, RunConfig
 from reinforge.config.schema import ModelConfig
 
 
@@ -33,25 +34,13 @@ class SFTDataConfig:
 
 
 @dataclass
-class SFTOptimConfig:
+class SFTOptimConfig(OptimConfig):
     lr: float = 1e-3
     """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    betas: list = field(default_factory=lambda: [0.9, 0.999])
-    """AdamW betas."""
-    warmup_steps: int = 0
-    """Linear LR warmup, in optimizer steps."""
     lr_schedule: str = "cosine"
     """LR schedule after warmup: constant, cosine or linear (to zero at the last step)."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value (0 disables)."""
     micro_batch_size: int = 64
     """Rows per forward/backward; gradients accumulate to the batch exactly."""
-    total_steps: int = 0
-    """Optimizer steps; 0 means derive from `epochs`."""
-    epochs: float = 1.0
-    """Passes over the training data when total_steps is 0."""
 
 
 @dataclass
@@ -78,27 +67,11 @@ class SFTEvalConfig:
 
 
 @dataclass
-class SFTTrainerConfig:
+class SFTTrainerConfig(RunConfig):
     run_dir: str = "runs/sft"
     """Run directory: config, metrics, checkpoints, hf export."""
-    seed: int = 1
-    """Global seed (torch, numpy, random)."""
-    device: str = "auto"
-    """cpu, cuda or auto."""
-    save_every: int = 0
-    """Checkpoint every k steps (0: only at the end)."""
-    keep_last: int = 2
-    """Checkpoints kept on disk."""
-    val_every: int = 0
-    """Validation loss (and accuracy) every k steps (0: only at the end)."""
     val_before_train: bool = False
     """Evaluate once before the first step."""
-    loggers: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
-    """console, jsonl, tensorboard, wandb, mlflow."""
-    progress: bool = True
-    """Show a progress bar."""
-    export_hf: bool = True
-    """Write the final model as a from_pretrained-loadable folder in run_dir/hf."""
 
 
 @dataclass
