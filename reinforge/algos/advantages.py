@@ -163,6 +163,15 @@ def rloo(inp: AdvantageInput):
     return adv, adv
 
 
+def reinforce(inp: AdvantageInput):
+    """Plain REINFORCE (Williams, 1992) without a baseline: every token of a response gets
+    the response's score. With 0/1 rewards this is rejection-sampling fine-tuning (RAFT/RFT):
+    only correct samples move the policy, and nothing is pushed down. returns = advantages.
+    """
+    adv = _broadcast(_sequence_scores(inp), inp.response_mask)
+    return adv, adv
+
+
 def reinforce_plus_plus(inp: AdvantageInput):
     """REINFORCE++ (https://arxiv.org/abs/2501.03262): discounted return-to-go, whitened.
 
@@ -217,6 +226,7 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "gae": gae,
     "grpo": grpo,
     "rloo": rloo,
+    "reinforce": reinforce,
     "reinforce_plus_plus": reinforce_plus_plus,
     "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
     "remax": remax,

@@ -209,3 +209,13 @@ def test_requirements_and_unknown_names():
             compute_advantages(name, AdvantageInput(r, m))
     with pytest.raises(ValueError, match="grpo"):
         get_advantage_estimator("ppo")
+
+
+def test_reinforce_without_baseline_hand_computed():
+    """Plain REINFORCE: each valid token carries its sequence's score; nothing is pushed down
+    for a zero score (0/1 rewards make it rejection-sampling fine-tuning)."""
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 0.0, 0.0], [0.5, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])
+    adv, ret = compute_advantages("reinforce", AdvantageInput(rewards, mask))
+    assert adv.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.5, 0.0, 0.0]]
+    assert torch.equal(adv, ret)
