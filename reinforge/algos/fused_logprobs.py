@@ -68,12 +68,15 @@ class _FusedLogProb(torch.autograd.Function):
         return grad_h, grad_w, None, None, None, None
 
 
+FUSED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk: 16 MiB in fp32 (131 tokens at V = 32000)
+
+
 def fused_logprobs_from_hidden(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     labels: torch.Tensor,
     temperature: float = 1.0,
-    chunk_size: int = 1024,
+    chunk_size: int | None = None,
     return_entropy: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``labels`` under softmax(hidden @ weight.T / T), chunked over tokens.
@@ -81,10 +84,13 @@ def fused_logprobs_from_hidden(
     hidden (N, H), weight (V, H) (the LM head, no bias), labels (N,) int64 in [0, V).
     -> (logp (N,), entropy (N,) or None). Gradients flow to hidden and weight, through the
     entropy too when it is returned. Output dtype: fp32 for half/bf16 inputs.
+    ``chunk_size`` tokens per chunk; None (or <= 0) sizes chunks to FUSED_CHUNK_ELEMENTS logits, so the
+    transient (chunk, V) buffers stay a few tens of MB whatever the vocabulary.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError("expected hidden (N, H), weight (V, H), labels (N,)")
-    chunk_size = max(1, int(chunk_size))
+    if chunk_size is None or chunk_size <= 0:
+        chunk_size = max(1, FUSED_CHUNK_ELEMENTS // weight.shape[0])
     if return_entropy:
         logp, ent = _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, True)
         return logp, ent

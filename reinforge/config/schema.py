@@ -25,8 +25,8 @@ class ModelConfig:
     """Attention kernel passed to transformers: sdpa or eager."""
     fused_logprobs: bool = True
     """Compute log-probs from hidden states in token chunks so full (N, V) logits never exist."""
-    logprob_chunk_size: int = 1024
-    """Tokens per chunk for the fused log-prob path."""
+    logprob_chunk_size: int = 0
+    """Tokens per chunk for the fused log-prob path; 0 sizes chunks by a 16 MiB logits budget."""
     use_packing: bool = False
     """Remove padding: pack sequences into shared rows (positions restart per sequence,
     attention block-diagonal) for the actor, reference and critic forward passes."""

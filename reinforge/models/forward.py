@@ -25,7 +25,7 @@ def _lm_parts(model):
 
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                       temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
-                      chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last `response_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: (B, L). Returns log_probs (B, T) and entropy (B, T) or None.

@@ -167,7 +167,7 @@ def _scatter(sel: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                              temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
-                             chunk_size: int = 1024) -> tuple[torch.Tensor, torch.Tensor | None]:
+                             chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as `forward.response_logprobs` (B, L) -> (B, T), computed on packed rows.
     Positions that are not real response tokens hold 0 (the padded path leaves garbage there;
     both are masked downstream)."""

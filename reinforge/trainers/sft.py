@@ -75,7 +75,7 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
             "attention_mask": mask4d[:, None]}
 
 
-def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int = 1024) -> torch.Tensor:
+def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None = None) -> torch.Tensor:
     """Log-probs (N,) of the target tokens, N = loss_mask[:, 1:].sum(): only the response tokens
     go through the LM head (the fused path never builds their (N, V) logits either)."""
     backbone, head = _lm_parts(model)
