@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from reinforge.algos.kl import make_kl_controller
+from reinforge.config.load import ConfigError
 from reinforge.config.schema import RLConfig
 from reinforge.config.validate import validate
 from reinforge.models.loading import load_causal_lm, load_critic, load_tokenizer
@@ -143,7 +144,7 @@ def build_components(cfg: RLConfig) -> Components:
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     train = load_prompts(list(cfg.data.train_files), tok, cfg)
     if len(train) < cfg.data.train_batch_size:
-        raise ValueError(f"data.train_files hold {len(train)} usable prompts, fewer than "
+        raise ConfigError(f"data.train_files hold {len(train)} usable prompts, fewer than "
                          f"data.train_batch_size={cfg.data.train_batch_size}")
     skipped = sum(getattr(p, "num_skipped", 0) for p in getattr(train, "parts", [train]))
     if skipped:
