@@ -25,8 +25,9 @@ def get_base(out: Path) -> tuple[Path, dict]:
         return demo / "sft" / "hf", {k: str(demo / "data" / f"{k}.parquet") for k in ("train", "test", "sft")}
     from reinforge.cli.demo import make_inputs, run_sft
 
-    paths, _ = make_inputs(out / "base", quick=False)
-    return run_sft(out / "base", paths, quick=False), paths
+    base = ROOT / "runs" / "studies" / "base"
+    paths, _ = make_inputs(base, quick=False)
+    return run_sft(base, paths, quick=False), paths
 
 
 def run_arm(name: str, preset: str, overrides: list[str], base: Path, paths: dict, out: Path) -> list[dict]:
@@ -35,7 +36,7 @@ def run_arm(name: str, preset: str, overrides: list[str], base: Path, paths: dic
     from reinforge.config.schema import RLConfig
     from reinforge.trainers.rl import RLTrainer
 
-    run_dir = out / name
+    run_dir = ROOT / "runs" / "studies" / out.name / name  # checkpoints stay out of the repo
     if (run_dir / "metrics.jsonl").exists():
         (run_dir / "metrics.jsonl").unlink()
     common = [f"model.path={base}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['test']}]",

@@ -55,7 +55,7 @@ def main() -> None:
     base, paths = get_base(out)
     base = Path(args.base) if args.base else base
     cfg = load_config(RLConfig, "grpo", [
-        f"model.path={base}", f"data.train_files=[{paths['train']}]", f"trainer.run_dir={out / 'run'}",
+        f"model.path={base}", f"data.train_files=[{paths['train']}]", f"trainer.run_dir={Path(__file__).resolve().parents[2] / 'runs' / 'studies' / 'gradient_landscape'}",
         "data.train_batch_size=128", "rollout.n=8", "actor.micro_batch_size=256", "trainer.loggers=[]",
         "actor.use_kl_loss=false", "actor.loss_agg_mode=token-mean", "data.max_prompt_length=16",
         "rollout.max_response_length=8", "reward.functions=[{name: arithmetic}]"])
