@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 
 from .masked import _safe_div, _zero_outside, masked_sum, masked_whiten
-from .scan import reverse_linear_scan
+from .scan import discounted_reverse_cumsum
 
 
 @dataclass
@@ -82,16 +82,23 @@ def _discounted_scan(
     Masked positions carry the recursion: a valid token's "next value" is the value of the
     next *valid* token (0 if none), and a masked token's advantage equals the next valid
     token's (0 if none), exactly like the loop's ``nextvalues`` / ``lastgaelam`` carry.
+    So the valid tokens are packed to the left of each row (k = their rank), the recursion runs
+    there with one coefficient gamma * lam per row, and every position t reads the packed
+    result at k(t) = the number of valid tokens before t: its own slot if valid, the next valid
+    token's if masked, the zero slot past the end if there is none.
     """
-    m = mask.to(rewards.dtype)
-    not_m = 1 - m
-    # Value of the first valid token at or after t (0 if none): N_t = m_t V_t + (1 - m_t) N_{t+1},
-    # a fill-backward done by the same scan (a in {0, 1}: exact). Shift by one for "after t".
-    filled = reverse_linear_scan(not_m, m * values)
-    next_values = F.pad(filled[:, 1:], (0, 1))
-    b = (rewards + gamma * next_values - values) * m  # TD errors, 0 on masked tokens
-    a = torch.addcmul(not_m, m, (gamma * lam).unsqueeze(-1))  # gamma * lam on valid, 1 on masked
-    return reverse_linear_scan(a, b)
+    R, T = rewards.shape
+    valid = mask.bool()
+    # (R, T) number of valid tokens strictly before t: an exclusive cumsum (int32 is cheaper).
+    k = F.pad(torch.cumsum(valid, -1, dtype=torch.int32)[:, :-1], (1, 0)).long()
+    slot = k.masked_fill(~valid, T)  # masked tokens write into a scratch column T
+    packed_r = rewards.new_zeros(R, T + 1).scatter_(1, slot, rewards)
+    packed_v = rewards.new_zeros(R, T + 1).scatter_(1, slot, values)
+    packed_r[:, T] = 0.0
+    packed_v[:, T] = 0.0
+    delta = packed_r[:, :T] + gamma * packed_v[:, 1:] - packed_v[:, :T]  # 0 past each row's end
+    adv = F.pad(discounted_reverse_cumsum(delta, gamma * lam), (0, 1))  # (R, T + 1), last slot 0
+    return adv.gather(1, k)
 
 
 # --------------------------------------------------------------------------- estimators

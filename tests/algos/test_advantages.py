@@ -219,3 +219,18 @@ def test_reinforce_without_baseline_hand_computed():
     adv, ret = compute_advantages("reinforce", AdvantageInput(rewards, mask))
     assert adv.tolist() == [[1.0, 1.0, 1.0], [0.0, 0.0, 0.0], [0.5, 0.0, 0.0]]
     assert torch.equal(adv, ret)
+
+
+@pytest.mark.parametrize("T,chunk", [(1, 4), (7, 4), (33, 8), (300, 32)])
+def test_discounted_reverse_cumsum_matches_loop(T, chunk):
+    from reinforge.algos.scan import discounted_reverse_cumsum
+
+    g = torch.Generator().manual_seed(T)
+    b = torch.randn(4, T, generator=g, dtype=torch.float64)
+    c = torch.tensor([0.0, 0.5, 0.95, 1.0], dtype=torch.float64)
+    ref = torch.zeros_like(b)
+    acc = torch.zeros(4, dtype=torch.float64)
+    for t in reversed(range(T)):
+        acc = b[:, t] + c * acc
+        ref[:, t] = acc
+    assert torch.allclose(discounted_reverse_cumsum(b, c, chunk=chunk), ref, atol=1e-10)
