@@ -57,3 +57,24 @@ def load_full_optim_state(model: nn.Module, opt: torch.optim.Optimizer, state: d
     from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
 
     set_optimizer_state_dict(model, opt, state, options=_options())
+
+
+def save_sharded(model: nn.Module, opt: torch.optim.Optimizer, path: str) -> None:
+    """Collective: every rank writes its own shards of the model and optimizer state under
+    `path` (torch.distributed.checkpoint); no rank ever holds the full state."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path)
+
+
+def load_sharded(model: nn.Module, opt: torch.optim.Optimizer, path: str) -> None:
+    """Collective: each rank reads the shards it owns (resharding if the world size changed)."""
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+    model_sd, optim_sd = get_state_dict(model, opt)  # the layout to fill (initialises optimizer state)
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=path)
+    set_state_dict(model, opt, model_state_dict=state["model"], optim_state_dict=state["optim"])

@@ -44,6 +44,16 @@ class _TrainedRole:
         """Push the driver model (just loaded from the checkpoint) and `state` to every rank."""
         self.group.run_all(self.role, "set_state", self.driver_model.state_dict(), state)
 
+    def save_sharded(self, path) -> dict:
+        """Each rank writes its model and optimizer shards under `path`; returns the rest of the
+        worker state and refreshes the driver model (the checkpoint's unsharded weights)."""
+        state = self.group.run_all(self.role, "save_sharded", str(path))[0]
+        _load(self.driver_model, self.group.run_all(self.role, "pull_weights")[0])
+        return state
+
+    def load_sharded(self, path, state: dict) -> None:
+        self.group.run_all(self.role, "load_sharded", str(path), state)
+
 
 class ActorProxy(_TrainedRole):
     role = "actor"

@@ -86,6 +86,22 @@ class RankProcess:
         fsdp.load_full_optim_state(model, worker.opt, state["optimizer"])
         worker.load_state_dict({**state, "optimizer": worker.opt.state_dict()})  # scheduler, RNG, guard
 
+    def save_sharded(self, role: str, path: str):
+        """Collective: this rank's model and optimizer shards go under `path`; rank 0 returns
+        the worker's other state (scheduler, shuffling generator, guard)."""
+        worker, model = self.workers[role], self.models[role]
+        fsdp.save_sharded(model, worker.opt, path)
+        if self.rank != 0:
+            return None
+        state = worker.state_dict()
+        state.pop("optimizer")
+        return state
+
+    def load_sharded(self, role: str, path: str, state: dict) -> None:
+        worker, model = self.workers[role], self.models[role]
+        fsdp.load_sharded(model, worker.opt, path)
+        worker.load_state_dict({**state, "optimizer": worker.opt.state_dict()})
+
     def shutdown(self) -> None:
         if dist.is_initialized():
             dist.destroy_process_group()

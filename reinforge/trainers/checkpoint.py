@@ -55,8 +55,12 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
 
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, torch.nn.Module],
-                    state: dict[str, Any], config_yaml: str, keep_last: int = 2) -> Path:
-    """Write `step_<step>/` atomically and prune old checkpoints. Returns its path."""
+                    state: dict[str, Any], config_yaml: str, keep_last: int = 2,
+                    writers: tuple = ()) -> Path:
+    """Write `step_<step>/` atomically and prune old checkpoints. Returns its path.
+
+    `writers` are called with the temporary folder first (sharded state of a worker group
+    goes there, and may add to `state`), so they are part of the same atomic rename."""
     root = Path(ckpt_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
@@ -64,6 +68,8 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, to
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
+    for write in writers:
+        write(tmp)
     for name, model in models.items():
         save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied embeddings
     torch.save(state, tmp / "trainer_state.pt")

@@ -20,6 +20,7 @@ import torch
 import yaml
 
 from reinforge.algos.advantages import NEEDS_BASELINE
+from reinforge.config.load import ConfigError
 from reinforge.protocol import Batch
 from reinforge.trainers import stages
 from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state,
@@ -175,11 +176,17 @@ class RLTrainer:
 
     def save(self) -> Path:
         state = {"step": self.step_idx, "next_uid": self.next_uid, "rng": rng_state(),
-                 "loader": self.loader.state_dict(), "actor": self.actor.state_dict(),
-                 "critic": self.critic.state_dict() if self.critic is not None else None,
+                 "loader": self.loader.state_dict(), "actor": None, "critic": None,
                  "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None}
+        writers = []
+        for name, worker in (("actor", self.actor), ("critic", self.critic)):
+            if worker is not None and hasattr(worker, "save_sharded"):  # a Ray worker group
+                writers.append(lambda d, n=name, w=worker: state.__setitem__(n, w.save_sharded(d / f"{n}_sharded")))
+            elif worker is not None:
+                state[name] = worker.state_dict()
         return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self._models(), state,
-                               yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), self.cfg.trainer.keep_last)
+                               yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), self.cfg.trainer.keep_last,
+                               writers=tuple(writers))
 
     def resume(self, path: str | None = None) -> int:
         """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
@@ -189,9 +196,17 @@ class RLTrainer:
         state = load_checkpoint(ckpt, self._models())
         self.step_idx, self.next_uid = state["step"], state["next_uid"]
         self.loader.load_state_dict(state["loader"])
-        self.actor.load_state_dict(state["actor"])
-        if self.critic is not None and state["critic"] is not None:
-            self.critic.load_state_dict(state["critic"])
+        for name, worker in (("actor", self.actor), ("critic", self.critic)):
+            if worker is None or state[name] is None:
+                continue
+            sharded = ckpt / f"{name}_sharded"
+            if sharded.exists() and hasattr(worker, "load_sharded"):
+                worker.load_sharded(sharded, state[name])
+            elif sharded.exists():
+                raise ConfigError(f"{ckpt} holds the {name}'s optimizer sharded over a Ray worker group; "
+                                  f"resume it with trainer.backend=ray (any number of ranks)")
+            else:
+                worker.load_state_dict(state[name])
         if self.kl_ctrl is not None and state["kl_ctrl"] is not None:
             self.kl_ctrl.load_state_dict(state["kl_ctrl"])
         set_rng_state(state["rng"])

@@ -103,6 +103,10 @@ def test_ray_backend_trains_and_resumes(ray_cluster, tiny_model_dir, arith_data,
     trainer.fit(resume=True)
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == 3
+    # Each rank wrote its own shards of the actor's weights and optimizer (DCP), beside the
+    # unsharded weights the HF export and a local run read.
+    shards = tmp_path / "b" / "checkpoints" / "step_2" / "actor_sharded"
+    assert (shards / ".metadata").exists() and len(list(shards.glob("*.distcp"))) == 2
     wa = load_file(str(tmp_path / "a" / "checkpoints" / "step_3" / "actor.safetensors"))
     wb = load_file(str(tmp_path / "b" / "checkpoints" / "step_3" / "actor.safetensors"))
     assert max(float((wa[k] - wb[k]).abs().max()) for k in wa) <= TOL
