@@ -1,12 +1,13 @@
-"""Sections shared by the supervised trainers (SFT, DPO, reward model): the optimizer and the
-run (directory, checkpoints, logging). Each trainer subclasses them only to change defaults."""
+"""Sections shared by several trainers: the AdamW settings (actor, critic, SFT, DPO, RM), the
+supervised trainers' optimizer section and their run section (directory, checkpoints, logging).
+Each trainer subclasses them only to add fields or change defaults."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
 
 @dataclass
-class OptimConfig:
+class AdamWConfig:
     lr: float = 1e-5
     """AdamW learning rate."""
     weight_decay: float = 0.0
@@ -14,11 +15,15 @@ class OptimConfig:
     betas: list = field(default_factory=lambda: [0.9, 0.999])
     """AdamW betas."""
     warmup_steps: int = 0
-    """Linear LR warmup, in optimizer steps."""
+    """Linear LR warmup, in optimizer (RL: training) steps."""
     lr_schedule: str = "constant"
     """LR schedule after warmup: constant, cosine or linear (to zero at the last step)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
+
+
+@dataclass
+class OptimConfig(AdamWConfig):
     micro_batch_size: int = 16
     """Rows (SFT) or pairs (DPO, RM) per forward/backward; gradients accumulate to the batch exactly."""
     total_steps: int = 0

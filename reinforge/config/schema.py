@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
+from reinforge.config.common import AdamWConfig
+
 
 @dataclass
 class ModelConfig:
@@ -88,19 +90,7 @@ class RolloutConfig:
 
 
 @dataclass
-class ActorConfig:
-    lr: float = 1e-5
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    betas: list = field(default_factory=lambda: [0.9, 0.999])
-    """AdamW betas."""
-    warmup_steps: int = 0
-    """Linear LR warmup, in training steps."""
-    lr_schedule: str = "constant"
-    """LR schedule after warmup: constant, cosine or linear (to zero at trainer.total_steps)."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value."""
+class ActorConfig(AdamWConfig):
     ppo_epochs: int = 1
     """Passes over each rollout batch."""
     mini_batch_size: int = 0
@@ -137,19 +127,11 @@ class ActorConfig:
 
 
 @dataclass
-class CriticConfig:
+class CriticConfig(AdamWConfig):
     model_path: Optional[str] = None
     """Backbone for the critic; None = the actor's model. May be a reward-model folder."""
     reinit_head: bool = False
     """Re-initialise the value head even when the backbone (a reward model) has one."""
-    lr: float = 1e-5
-    """AdamW learning rate."""
-    weight_decay: float = 0.0
-    """AdamW weight decay."""
-    warmup_steps: int = 0
-    """Linear LR warmup, in training steps."""
-    grad_clip: float = 1.0
-    """Clip the global gradient norm to this value."""
     ppo_epochs: int = 1
     """Passes over each batch."""
     mini_batch_size: int = 0

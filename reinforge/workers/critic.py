@@ -20,8 +20,8 @@ class CriticWorker:
         self.model, self.cfg, self.use_packing = model, cfg, use_packing
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.params = [p for p in model.parameters() if p.requires_grad]
-        self.opt = make_optimizer(self.params, cfg.lr, cfg.weight_decay)
-        self.sched = make_scheduler(self.opt, cfg.warmup_steps, total_steps, "constant")
+        self.opt = make_optimizer(self.params, cfg.lr, cfg.weight_decay, cfg.betas)
+        self.sched = make_scheduler(self.opt, cfg.warmup_steps, total_steps, cfg.lr_schedule)
         self.gen = torch.Generator().manual_seed(seed + 1)
         self.guard = NonFiniteGuard(3, "critic")
 
