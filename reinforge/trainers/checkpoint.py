@@ -112,3 +112,27 @@ def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
         shutil.rmtree(out)
     os.replace(tmp, out)
     return out
+
+
+def save_single_model_run(run_dir: Path, step: int, model, opt, sched, loader, cfg, keep_last: int) -> Path:
+    """Checkpoint of a one-model trainer (SFT, DPO, RM): weights, optimizer, scheduler, RNG, loader."""
+    import yaml
+
+    state = {"step": step, "rng": rng_state(), "loader": loader.state_dict(), "optimizer": opt.state_dict(),
+             "scheduler": sched.state_dict()}
+    return save_checkpoint(Path(run_dir) / "checkpoints", step, {"model": model}, state,
+                           yaml.safe_dump(cfg.to_dict(), sort_keys=False), keep_last)
+
+
+def resume_single_model_run(run_dir: Path, path: str | None, model, opt, sched, loader) -> int | None:
+    """Restore what `save_single_model_run` wrote (latest checkpoint unless `path`); returns its
+    step, or None when there is no checkpoint."""
+    ckpt = Path(path) if path else latest_checkpoint(Path(run_dir) / "checkpoints")
+    if ckpt is None:
+        return None
+    state = load_checkpoint(ckpt, {"model": model})
+    loader.load_state_dict(state["loader"])
+    opt.load_state_dict(state["optimizer"])
+    sched.load_state_dict(state["scheduler"])
+    set_rng_state(state["rng"])
+    return state["step"]

@@ -13,11 +13,9 @@ import sys
 from pathlib import Path
 
 import torch
-import yaml
 
 from reinforge.config.load import save_config
-from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state,
-                                           save_checkpoint, seed_everything, set_rng_state)
+from reinforge.trainers.checkpoint import (export_hf, seed_everything, save_single_model_run, resume_single_model_run)
 from reinforge.trainers.logging import RunLogger, Timer
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
@@ -186,23 +184,16 @@ class PairTrainer:
 
     # ---- checkpoints --------------------------------------------------------------------------
     def save(self) -> Path:
-        state = {"step": self.step_idx, "rng": rng_state(), "loader": self.loader.state_dict(),
-                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
-        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {"model": self.model}, state,
-                               yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), self.cfg.trainer.keep_last)
+        return save_single_model_run(self.run_dir, self.step_idx, self.model, self.opt, self.sched, self.loader,
+                                     self.cfg, self.cfg.trainer.keep_last)
 
     def resume(self, path: str | None = None) -> int:
         """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
-        ckpt = Path(path) if path else latest_checkpoint(self.run_dir / "checkpoints")
-        if ckpt is None:
+        step = resume_single_model_run(self.run_dir, path, self.model, self.opt, self.sched, self.loader)
+        if step is None:
             print(f"[reinforge] no checkpoint in {self.run_dir / 'checkpoints'}; starting from step 0", file=sys.stderr)
             return 0
-        state = load_checkpoint(ckpt, {"model": self.model})
-        self.step_idx = state["step"]
-        self.loader.load_state_dict(state["loader"])
-        self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        set_rng_state(state["rng"])
+        self.step_idx = step
         return self.step_idx
 
 

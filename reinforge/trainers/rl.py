@@ -72,7 +72,7 @@ class RLTrainer:
                        "dynamic_sampling/batch_fill": min(n_kept, want) / want}
 
     def step(self) -> dict[str, float]:
-        cfg, d = self.cfg, self.cfg.derived
+        cfg = self.cfg
         t0 = time.perf_counter()
         batch, metrics = self.collect_batch()
         metrics.update(self._reward_metrics)
