@@ -146,3 +146,19 @@ def test_nonfinite_loss_is_skipped_then_aborts(tiny_model_dir, arith_data, tmp_p
     for k, v in t.actor_model.state_dict().items():
         assert torch.equal(v, before[k]), "a non-finite update must not touch the weights"
     shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def test_cli_resume_flag_continues_a_run(tiny_model_dir, arith_data, tmp_path):
+    """`--resume` is a flag (it must not swallow the override after it); `--resume-from` takes a
+    checkpoint folder."""
+    run = tmp_path / "r"
+    common = rl_overrides(tiny_model_dir, arith_data, str(run), **{"trainer.val_before_train": False,
+                                                                  "data.val_files": "[]", "trainer.export_hf": False})
+    assert main(["train", "--config", "grpo", *common, "trainer.total_steps=1"]) == 0
+    assert main(["train", "--config", "grpo", "--resume", *common, "trainer.total_steps=2"]) == 0
+    assert [r["step"] for r in _metrics(run)] == [0, 1, 2]  # the resumed run continues at step 2
+    assert (run / "checkpoints" / "step_2" / "COMPLETE").exists()
+    step1 = run / "checkpoints" / "step_1"
+    assert main(["train", "--config", "grpo", "--resume-from", str(step1), *common, "trainer.total_steps=2",
+                 "trainer.keep_last=3"]) == 0
+    assert [r["step"] for r in _metrics(run)][-1] == 2
