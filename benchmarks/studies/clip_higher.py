@@ -21,9 +21,9 @@ def main() -> None:
     out = Path(__file__).parent / "out" / "clip_higher"
     out.mkdir(parents=True, exist_ok=True)
     base, paths = get_base(out)
-    # A high learning rate and several updates per batch make clipping bind, so the
-    # two arms can differ at this scale.
-    shared = [f"trainer.total_steps={args.steps}", "actor.lr=2e-4", "actor.ppo_epochs=2", "actor.mini_batch_size=32",
+    # Sixteen updates per batch (4 epochs x 4 mini-batches) take the policy off its sampling
+    # distribution, so clipping binds and the two arms can differ.
+    shared = [f"trainer.total_steps={args.steps}", "actor.lr=3e-5", "actor.ppo_epochs=4", "actor.mini_batch_size=16",
               "data.train_batch_size=8", "rollout.n=8", "rollout.max_response_length=8", "data.max_prompt_length=16",
               "actor.loss_agg_mode=token-mean", "actor.use_kl_loss=false", "trainer.seed=3",
               "data.max_val_samples=100", "rollout.val_n=4", "trainer.pass_k=[1,4]"]
