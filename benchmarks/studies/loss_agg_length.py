@@ -27,7 +27,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     base, paths = get_base(out)
     # Room to ramble: responses may run to 16 tokens although answers need 3.
-    shared = [f"trainer.total_steps={args.steps}", "actor.lr=1e-4", "data.train_batch_size=8", "rollout.n=8",
+    shared = [f"trainer.total_steps={args.steps}", "actor.lr=3e-5", "data.train_batch_size=8", "rollout.n=8",
               "rollout.max_response_length=16", "data.max_prompt_length=16", "actor.use_kl_loss=false",
               "trainer.seed=3", "data.max_val_samples=100", "rollout.val_n=4", "trainer.pass_k=[1,4]"]
     arms = {name: run_arm(f"arm_{i}", preset, shared + o, base, paths, out)

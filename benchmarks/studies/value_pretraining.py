@@ -24,7 +24,7 @@ def main() -> None:
     out = Path(__file__).parent / "out" / "value_pretraining"
     out.mkdir(parents=True, exist_ok=True)
     base, paths = get_base(out)
-    shared = ["actor.lr=5e-5", "critic.lr=1e-4", "data.train_batch_size=8", "rollout.n=4",
+    shared = ["actor.lr=3e-5", "critic.lr=1e-4", "data.train_batch_size=8", "rollout.n=4",
               "rollout.max_response_length=12", "data.max_prompt_length=16", "trainer.seed=3",
               "data.max_val_samples=100", "rollout.val_n=4", "trainer.pass_k=[1,4]", "algorithm.lam=0.95",
               "algorithm.use_kl_in_reward=false"]
