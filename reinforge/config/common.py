@@ -3,7 +3,14 @@ supervised trainers' optimizer section and their run section (directory, checkpo
 Each trainer subclasses them only to add fields or change defaults."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
+
+
+class RootConfig:
+    """Mixin of the top-level configs (RL, SFT, DPO, RM): the plain dict written to run dirs."""
+
+    def to_dict(self) -> dict:
+        return asdict(self)
 
 
 @dataclass

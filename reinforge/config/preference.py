@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from reinforge.config.load import ConfigError
-from reinforge.config.common import OptimConfig, RunConfig
+from reinforge.config.common import OptimConfig, RootConfig, RunConfig
 from reinforge.config.schema import ModelConfig
 
 DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
@@ -100,7 +100,7 @@ class PrefTrainerConfig(RunConfig):
 
 
 @dataclass
-class _PrefConfig:
+class _PrefConfig(RootConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PrefDataConfig = field(default_factory=PrefDataConfig)
     optim: PrefOptimConfig = field(default_factory=PrefOptimConfig)
@@ -108,10 +108,6 @@ class _PrefConfig:
     derived: dict = field(default_factory=dict)
     """Filled by validate_preference(): values computed from the others (not for users to set)."""
 
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        return asdict(self)
 
 
 @dataclass

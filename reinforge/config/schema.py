@@ -6,9 +6,9 @@ Presets (reinforge/config/presets/*.yaml) and the command line only override the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Optional
+from typing import Optional
 
-from reinforge.config.common import AdamWConfig
+from reinforge.config.common import AdamWConfig, RootConfig
 
 
 @dataclass
@@ -241,7 +241,7 @@ class TrainerConfig:
 
 
 @dataclass
-class RLConfig:
+class RLConfig(RootConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
@@ -253,7 +253,3 @@ class RLConfig:
     derived: dict = field(default_factory=dict)
     """Filled by validate(): values computed from the others (not for users to set)."""
 
-    def to_dict(self) -> dict[str, Any]:
-        from dataclasses import asdict
-
-        return asdict(self)

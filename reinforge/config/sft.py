@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Optional
 
 from reinforge.config.load import ConfigError
-from reinforge.config.common import OptimConfig, RunConfig
+from reinforge.config.common import OptimConfig, RootConfig, RunConfig
 from reinforge.config.schema import ModelConfig
 
 
@@ -75,7 +75,7 @@ class SFTTrainerConfig(RunConfig):
 
 
 @dataclass
-class SFTConfig:
+class SFTConfig(RootConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: SFTDataConfig = field(default_factory=SFTDataConfig)
     optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
@@ -84,10 +84,6 @@ class SFTConfig:
     derived: dict = field(default_factory=dict)
     """Filled by validate_sft(): values computed from the others (not for users to set)."""
 
-    def to_dict(self) -> dict:
-        from dataclasses import asdict
-
-        return asdict(self)
 
 
 def _need(cond: bool, msg: str) -> None:

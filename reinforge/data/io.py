@@ -7,6 +7,22 @@ import os
 from typing import Any
 
 
+class ItemsDataset:
+    """A dataset whose validated items sit in `self.items` (a list of dicts). Items come out as
+    shallow copies, so callers may add keys without touching the dataset."""
+
+    items: list[dict]
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def __getitem__(self, idx: int) -> dict:
+        return dict(self.items[idx])
+
+    def __iter__(self):
+        return (dict(it) for it in self.items)
+
+
 class DataError(ValueError):
     """A dataset problem; the message names the file and, where known, the row and field."""
 

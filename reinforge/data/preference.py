@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 
-from reinforge.data.io import DataError, load_rows, row_error
+from reinforge.data.io import DataError, ItemsDataset, load_rows, row_error
 from reinforge.data.sft import pad_right
 from reinforge.data.text import encode, render_prompt, response_text
 
 PREF_OVERLONG = ("error", "skip")
 
 
-class PreferenceDataset:
+class PreferenceDataset(ItemsDataset):
     """Items {"prompt_text": str, "prompt_ids", "chosen_ids", "rejected_ids": list[int]}.
 
     chosen/rejected may be text or message lists (TRL's conversational form: the last
@@ -51,14 +51,6 @@ class PreferenceDataset:
         if not self.items:
             raise DataError(f"{os.path.basename(self.path)}: no pair fits max_length={max_length}")
 
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, idx: int) -> dict:
-        return self.items[idx]
-
-    def __iter__(self):
-        return iter(self.items)
 
 
 def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from reinforge.data.io import DataError, load_rows, row_error
+from reinforge.data.io import DataError, ItemsDataset, load_rows, row_error
 from reinforge.data.text import encode, render_prompt
 
 GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution")  # TRL-style, tried in this order
@@ -27,7 +27,7 @@ def _ground_truth(row: dict, path: str, i: int, required: bool) -> tuple[Any, st
     return gt, column
 
 
-class RLDataset:
+class RLDataset(ItemsDataset):
     """Prompts for RL with their ground truth, tokenized once at construction.
 
     Items: {"prompt_text": str, "prompt_ids": list[int] (P_i,), "ground_truth": Any,
@@ -90,11 +90,3 @@ class RLDataset:
         if not self.items:
             raise DataError(f"{os.path.basename(self.path)}: every prompt is longer than {max_prompt_length} tokens")
 
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, idx: int) -> dict:
-        return dict(self.items[idx])  # a copy: callers may add keys without touching the dataset
-
-    def __iter__(self):
-        return (dict(it) for it in self.items)

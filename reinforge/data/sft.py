@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from reinforge.data.io import DataError, load_rows, row_error
+from reinforge.data.io import DataError, ItemsDataset, load_rows, row_error
 from reinforge.data.text import check_messages, encode, render_prompt, response_text
 
 SFT_OVERLONG = ("error", "skip", "truncate_right")
@@ -34,7 +34,7 @@ def fit_length(ids: list[int], mask: list[int], max_length: int, policy: str, pa
     return ids[:max_length], mask[:max_length]
 
 
-class SFTDataset:
+class SFTDataset(ItemsDataset):
     """Items {"input_ids": list[int] (L_i,), "loss_mask": list[int] (L_i,)}.
 
     input_ids = prompt ids + response ids + [eos]; loss_mask is 1 on the response tokens and
@@ -66,14 +66,6 @@ class SFTDataset:
         if not self.items:
             raise DataError(f"{os.path.basename(self.path)}: no row fits max_length={max_length}")
 
-    def __len__(self) -> int:
-        return len(self.items)
-
-    def __getitem__(self, idx: int) -> dict:
-        return self.items[idx]
-
-    def __iter__(self):
-        return iter(self.items)
 
 
 def pad_right(seqs: list[list[int]], pad_value: int) -> "torch.Tensor":

@@ -19,10 +19,10 @@ from pathlib import Path
 import torch
 
 from reinforge.algos.preference import dpo_loss, sequence_logps
-from reinforge.config.preference import DPOConfig, validate_preference
+from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
-from reinforge.models.loading import load_causal_lm, load_tokenizer
-from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_pairs, pair_tensors, prepare,
+from reinforge.models.loading import load_causal_lm
+from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_inputs, pair_tensors, prepare,
                                                   print_summary)
 
 
@@ -123,10 +123,7 @@ class DPOTrainer(PairTrainer):
 
     def __init__(self, cfg: DPOConfig):
         m = cfg.model
-        validate_preference(cfg)
-        tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-        train, val = load_pairs(cfg, tok)
-        validate_preference(cfg, len(train))
+        tok, train, val = load_inputs(cfg)
         kw = dict(dtype=m.dtype, device=cfg.derived["device"], trust_remote_code=m.trust_remote_code,
                   attn_implementation=m.attn_implementation)
         self.model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **kw)

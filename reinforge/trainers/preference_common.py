@@ -65,6 +65,21 @@ def load_pairs(cfg, tokenizer) -> tuple[PairSubset, PairSubset | None]:
     return PairSubset(train, idx), val
 
 
+def load_inputs(cfg):
+    """Checked config, tokenizer, training and held-out pairs: what DPO and RM both start from.
+    The config is validated before anything loads and again once the number of pairs is known
+    (which fixes total_steps when it derives from epochs)."""
+    from reinforge.config.preference import validate_preference
+    from reinforge.models.loading import load_tokenizer
+
+    m = cfg.model
+    validate_preference(cfg)
+    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    train, val = load_pairs(cfg, tok)
+    validate_preference(cfg, len(train))
+    return tok, train, val
+
+
 def pair_tensors(items: list[dict], pad_id: int, device) -> dict[str, torch.Tensor]:
     """Chosen rows then rejected rows, right-padded: input_ids, attention_mask, loss_mask (2B, L)."""
     from reinforge.data import collate_preference

@@ -16,10 +16,10 @@ from __future__ import annotations
 import torch
 
 from reinforge.algos.preference import bradley_terry_loss
-from reinforge.config.preference import RMConfig, validate_preference
+from reinforge.config.preference import RMConfig
 from reinforge.models.forward import position_ids_from_mask
-from reinforge.models.loading import load_tokenizer, resolve_dtype
-from reinforge.trainers.preference_common import PairTrainer, load_pairs, pair_tensors, prepare, print_summary
+from reinforge.models.loading import resolve_dtype
+from reinforge.trainers.preference_common import PairTrainer, load_inputs, pair_tensors, prepare, print_summary
 
 
 def load_rm_for_training(path: str, tokenizer, model_cfg, device: str):
@@ -61,10 +61,7 @@ class RMTrainer(PairTrainer):
 
     def __init__(self, cfg: RMConfig):
         m = cfg.model
-        validate_preference(cfg)
-        tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-        train, val = load_pairs(cfg, tok)
-        validate_preference(cfg, len(train))
+        tok, train, val = load_inputs(cfg)
         self.model = load_rm_for_training(m.path, tok, m, cfg.derived["device"])
         self.setup(cfg, tok, train, val)
 
