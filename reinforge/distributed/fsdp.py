@@ -1,9 +1,9 @@
-"""FSDP2 inside a worker's setup: shard a Hugging Face model over the data-parallel group, and
-move full (unsharded) weights and optimizer state in and out of it.
+"""FSDP2 inside a worker's setup: shard a Hugging Face model over the data-parallel group,
+gather its full weights for the driver, and save / load each rank's shards of the model and
+optimizer (torch.distributed.checkpoint, which reshards when the number of ranks changes).
 
 Each decoder layer is its own FSDP unit (gathered just before it runs, freed after), the root
-holds embeddings, final norm and head. Full state dicts are keyed by parameter name, so a
-checkpoint written by N ranks loads into M ranks or into a local run's model.
+holds embeddings, final norm and head.
 """
 from __future__ import annotations
 
@@ -39,24 +39,7 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     return get_model_state_dict(model, options=_options(cpu_offload=True))
 
 
-def load_full_model_state(model: nn.Module, state: dict[str, torch.Tensor]) -> None:
-    """Collective: every rank passes the same full state dict; each keeps its shards."""
-    from torch.distributed.checkpoint.state_dict import set_model_state_dict
 
-    set_model_state_dict(model, state, options=_options())
-
-
-def full_optim_state(model: nn.Module, opt: torch.optim.Optimizer) -> dict:
-    """Collective: the optimizer state unsharded and keyed by parameter name (rank 0; others {})."""
-    from torch.distributed.checkpoint.state_dict import get_optimizer_state_dict
-
-    return get_optimizer_state_dict(model, opt, options=_options(cpu_offload=True))
-
-
-def load_full_optim_state(model: nn.Module, opt: torch.optim.Optimizer, state: dict) -> None:
-    from torch.distributed.checkpoint.state_dict import set_optimizer_state_dict
-
-    set_optimizer_state_dict(model, opt, state, options=_options())
 
 
 def save_sharded(model: nn.Module, opt: torch.optim.Optimizer, path: str) -> None:

@@ -8,7 +8,7 @@ over ranks.
 
 The driver keeps an unsharded copy of each trained model (`driver_model`): generation with
 the HF rollout runs on it, checkpoints and the HF export read it. It is refreshed from the
-ranks after every update (rollout.sync_weights) and before every checkpoint (state_dict).
+ranks after every update (rollout.sync_weights) and before every checkpoint (save_sharded).
 """
 from __future__ import annotations
 
@@ -33,22 +33,15 @@ class _TrainedRole:
     def update(self, batch: Batch) -> dict[str, float]:
         return self.group.run_same(self.role, "update", batch)[0]
 
-    def state_dict(self) -> dict:
-        """Optimizer (unsharded, by parameter name), scheduler and RNG state; also refreshes the
-        driver model, which the checkpoint then saves."""
-        weights, state = self.group.run_all(self.role, "get_state")[0]
-        _load(self.driver_model, weights)
-        return state
-
-    def load_state_dict(self, state: dict) -> None:
-        """Push the driver model (just loaded from the checkpoint) and `state` to every rank."""
-        self.group.run_all(self.role, "set_state", self.driver_model.state_dict(), state)
+    def pull_weights(self) -> None:
+        """Refresh the driver's unsharded copy from the ranks."""
+        _load(self.driver_model, self.group.run_all(self.role, "pull_weights")[0])
 
     def save_sharded(self, path) -> dict:
         """Each rank writes its model and optimizer shards under `path`; returns the rest of the
         worker state and refreshes the driver model (the checkpoint's unsharded weights)."""
         state = self.group.run_all(self.role, "save_sharded", str(path))[0]
-        _load(self.driver_model, self.group.run_all(self.role, "pull_weights")[0])
+        self.pull_weights()
         return state
 
     def load_sharded(self, path, state: dict) -> None:

@@ -72,20 +72,6 @@ class RankProcess:
     def pull_weights(self, role: str) -> dict:
         return fsdp.full_model_state(self.models[role])
 
-    def get_state(self, role: str):
-        """(full weights, worker state with the optimizer unsharded and keyed by name); rank 0 only."""
-        worker, model = self.workers[role], self.models[role]
-        state = worker.state_dict()
-        state["optimizer"] = fsdp.full_optim_state(model, worker.opt)
-        weights = fsdp.full_model_state(model)
-        return (weights, state) if self.rank == 0 else None
-
-    def set_state(self, role: str, weights: dict, state: dict) -> None:
-        worker, model = self.workers[role], self.models[role]
-        fsdp.load_full_model_state(model, weights)
-        fsdp.load_full_optim_state(model, worker.opt, state["optimizer"])
-        worker.load_state_dict({**state, "optimizer": worker.opt.state_dict()})  # scheduler, RNG, guard
-
     def save_sharded(self, role: str, path: str):
         """Collective: this rank's model and optimizer shards go under `path`; rank 0 returns
         the worker's other state (scheduler, shuffling generator, guard)."""

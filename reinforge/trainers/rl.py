@@ -205,6 +205,9 @@ class RLTrainer:
             elif sharded.exists():
                 raise ConfigError(f"{ckpt} holds the {name}'s optimizer sharded over a Ray worker group; "
                                   f"resume it with trainer.backend=ray (any number of ranks)")
+            elif hasattr(worker, "load_sharded"):
+                raise ConfigError(f"{ckpt} was written by a local run; its {name} optimizer state cannot "
+                                  f"be loaded into a Ray worker group (start from its weights instead)")
             else:
                 worker.load_state_dict(state[name])
         if self.kl_ctrl is not None and state["kl_ctrl"] is not None:

@@ -72,7 +72,7 @@ def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tm
         assert ml.keys() == mr.keys()
         for k in ml:
             assert abs(ml[k] - mr[k]) <= TOL * max(1.0, abs(ml[k])), (k, ml[k], mr[k])
-        getattr(remote, role).state_dict()  # pulls the ranks' weights into the driver copy
+        getattr(remote, role).pull_weights()  # the ranks' weights into the driver copy
         model_l, model_r = getattr(local, f"{role}_model"), getattr(remote, f"{role}_model")
         diff = max(float((a - b).detach().abs().max()) for a, b in zip(model_l.parameters(), model_r.parameters()))
         print(f"{role}: max |w_2ranks - w_1rank| = {diff:.2e}")
