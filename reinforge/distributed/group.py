@@ -53,15 +53,36 @@ class RayWorkerGroup:
                 try:
                     done[ref] = ray.get(ref)
                 except ray.exceptions.RayActorError as e:
-                    self.shutdown()
-                    rank = next((i for i, r in enumerate(refs) if r == ref), "?")
-                    raise WorkerDiedError(
-                        f"rank {rank} of {self.world} in the Ray worker group died ({type(e).__name__}); the run "
-                        f"stops. Resume from the last checkpoint with `reinforge train ... --resume`.") from e
+                    self._died(refs.index(ref), e)
                 except ray.exceptions.RayTaskError as e:
+                    # A survivor's collective often fails (connection reset) before Ray reports
+                    # the dead peer: look for a dead rank among the others before blaming this one.
+                    dead = self._dead_rank(pending)
+                    if dead is not None:
+                        self._died(refs.index(dead[0]), dead[1])
                     self.shutdown()  # the other ranks may be blocked in a collective with it
                     raise e.as_instanceof_cause() from None
         return [done[r] for r in refs]
+
+    def _dead_rank(self, pending: list, timeout_s: float = 10.0):
+        """(ref, error) of a pending call whose rank died, or None."""
+        import ray
+
+        ready, _ = ray.wait(pending, num_returns=len(pending), timeout=timeout_s)
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except ray.exceptions.RayActorError as e:
+                return ref, e
+            except ray.exceptions.RayTaskError:
+                continue
+        return None
+
+    def _died(self, rank: int, error: Exception):
+        self.shutdown()
+        raise WorkerDiedError(
+            f"rank {rank} of {self.world} in the Ray worker group died ({type(error).__name__}); the run "
+            f"stops. Resume from the last checkpoint with `reinforge train ... --resume`.") from error
 
     def run_split(self, role: str, method: str, batch, **kwargs):
         """Data-parallel inference: each rank gets an equal number of rows with about equal
