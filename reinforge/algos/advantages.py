@@ -17,8 +17,8 @@ from typing import Callable
 import torch
 import torch.nn.functional as F
 
-from .masked import _safe_div, _zero_outside, masked_sum, masked_whiten
-from .scan import discounted_reverse_cumsum
+from .masked import _safe_div, _zero_outside, masked_sum, masked_whiten, masked_whiten_
+from .scan import discount_levels, discounted_reverse_cumsum_with
 
 
 @dataclass
@@ -70,14 +70,27 @@ def _group_mean_count(x: torch.Tensor, inv: torch.Tensor, n_groups: int):
     return _group_sum(x, inv, n_groups) / count, count
 
 
+# Rows per block of `_discounted_scan`: about this many (R, T) elements at a time. A block
+# allocates ~25 bytes of scratch per element. In blocks of 2^16 elements (~1.6 MiB) the
+# scratch stays in cache and the allocator hands the same memory back from block to block;
+# one pass over a 64 x 8192 batch needs ~16 MiB, which glibc returns to the OS after each
+# call and faults in again the next time (~1.4 us per 4 KiB page: 2x the arithmetic). Larger
+# blocks were faster on a warm heap but, with some heap layouts, faulted ~2000 pages per call.
+# benchmarks/algos.py measures the result.
+_SCAN_BLOCK_ELEMENTS = 1 << 16
+
+
 def _discounted_scan(
     rewards: torch.Tensor,
     values: torch.Tensor,
     mask: torch.Tensor,
     gamma: float,
     lam: torch.Tensor,
+    chunk: int = 32,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GAE recursion of the classic per-time-step loop, vectorised. All (R, T); lam (R,).
+    Written into ``out`` (R, T) when given, else into a new tensor, which is returned.
 
     Masked positions carry the recursion: a valid token's "next value" is the value of the
     next *valid* token (0 if none), and a masked token's advantage equals the next valid
@@ -85,21 +98,34 @@ def _discounted_scan(
     So the valid tokens are packed to the left of each row (k = their rank), the recursion runs
     there with one coefficient gamma * lam per row, and every position t reads the packed
     result at k(t) = the number of valid tokens before t: its own slot if valid, the next valid
-    token's if masked, the zero slot past the end if there is none.
+    token's if masked, the zero slot past the end if there is none. Rows go in blocks of about
+    ``_SCAN_BLOCK_ELEMENTS`` elements (see there why).
     """
     R, T = rewards.shape
-    valid = mask.bool()
-    # (R, T) number of valid tokens strictly before t: an exclusive cumsum (int32 in and out is
-    # about 20x faster than a cumsum over the bool mask).
-    k = F.pad(torch.cumsum(valid.to(torch.int32), -1, dtype=torch.int32)[:, :-1], (1, 0)).long()
-    slot = k.masked_fill(~valid, T)  # masked tokens write into a scratch column T
-    packed_r = rewards.new_zeros(R, T + 1).scatter_(1, slot, rewards)
-    packed_v = rewards.new_zeros(R, T + 1).scatter_(1, slot, values)
-    packed_r[:, T] = 0.0
-    packed_v[:, T] = 0.0
-    delta = packed_r[:, :T] + gamma * packed_v[:, 1:] - packed_v[:, :T]  # 0 past each row's end
-    adv = F.pad(discounted_reverse_cumsum(delta, gamma * lam), (0, 1))  # (R, T + 1), last slot 0
-    return adv.gather(1, k)
+    W = -(-(T + 1) // chunk) * chunk  # packed width: T slots, a zero/scratch column, padding
+    levels = discount_levels((gamma * lam).to(rewards.dtype), W, chunk)
+    out = rewards.new_empty(R, T) if out is None else out
+    rows = max(1, _SCAN_BLOCK_ELEMENTS // max(W, 1))
+    for r0 in range(0, R, rows):
+        r1 = min(R, r0 + rows)
+        ones = mask[r0:r1].bool().to(torch.int32)  # (n, T) 1 on valid tokens
+        # Exclusive count of valid tokens before t (an int32 cumsum is ~20x faster than one
+        # over the bool mask).
+        k = ones.cumsum(-1, dtype=torch.int32).sub_(ones)
+        # Scatter slots: k on valid tokens, the scratch column T on masked ones (k <= T), as
+        # a max: cheaper than a masked_fill.
+        idx = torch.maximum(k, ones.sub_(1).mul_(-T)).to(torch.long)
+        del ones
+        packed = rewards.new_zeros(2, r1 - r0, W)  # [rewards, values], valid tokens left
+        packed[0].scatter_(1, idx, rewards[r0:r1])
+        packed[1].scatter_(1, idx, values[r0:r1])
+        packed[:, :, T] = 0.0
+        # delta_j = r_j + gamma * V_{j+1} - V_j on the packed rows (0 past each row's end).
+        delta = packed[0]
+        delta[:, :-1].add_(packed[1][:, 1:], alpha=gamma).sub_(packed[1][:, :-1])
+        adv = discounted_reverse_cumsum_with(delta, levels, slice(r0, r1), out=packed[1])
+        torch.gather(adv, 1, idx.copy_(k), out=out[r0:r1])
+    return out
 
 
 # --------------------------------------------------------------------------- estimators
@@ -124,16 +150,17 @@ def gae(inp: AdvantageInput):
     if inp.length_adaptive_alpha is not None:
         length = m.to(r.dtype).sum(-1)  # (B,)
         lam_actor = (1.0 - 1.0 / (inp.length_adaptive_alpha * length)).clamp(0.0, 1.0)
+    # Both outputs in one allocation, every other step in place or in per-block scratch: on a
+    # large batch the page faults of fresh memory cost more than the arithmetic.
+    adv, returns = r.new_empty(2, *r.shape).unbind(0)
+    _discounted_scan(r, v, m, inp.gamma, lam_actor, out=adv)
     if inp.length_adaptive_alpha is None and lam_c == inp.lam:
-        adv = _discounted_scan(r, v, m, inp.gamma, lam_actor)
-        adv_critic = adv
-    else:  # one scan over 2B rows: actor lambdas, then critic lambda
-        lam_rows = torch.cat([lam_actor, torch.full_like(lam_actor, float(lam_c))])
-        both = _discounted_scan(r.repeat(2, 1), v.repeat(2, 1), m.repeat(2, 1), inp.gamma, lam_rows)
-        adv, adv_critic = both[:B], both[B:]
-    returns = adv_critic + v
+        torch.add(adv, v, out=returns)
+    else:  # VAPO: the critic's returns from their own lambda
+        lam_rows = torch.full_like(lam_actor, float(lam_c))
+        _discounted_scan(r, v, m, inp.gamma, lam_rows, out=returns).add_(v)
     if inp.whiten:
-        adv = masked_whiten(adv, m)
+        masked_whiten_(adv, m)
     return adv, returns
 
 

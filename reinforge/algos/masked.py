@@ -64,8 +64,8 @@ def masked_whiten(
 
     x, mask: (B, T) -> (B, T). With ``shift_mean=False`` the mean is added back (only the
     scale changes). Positions outside the mask are returned as 0, so whitened tensors can be
-    summed or averaged without re-masking. This is the hot path of advantage estimation, so
-    it uses plain multiplications: unlike the reductions above, x must be finite everywhere.
+    summed or averaged without re-masking. It uses plain multiplications: unlike the
+    reductions above, x must be finite everywhere. Differentiable; see `masked_whiten_`.
     """
     m = mask.to(x.dtype)
     n = m.sum()
@@ -76,3 +76,21 @@ def masked_whiten(
     if not shift_mean:
         out = out + mean
     return out * m
+
+
+def masked_whiten_(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
+    """`masked_whiten` in place on x (B, T), which is returned: no (B, T) temporary, for the
+    advantage hot path. Not differentiable (use `masked_whiten` when x needs a gradient)."""
+    m = mask.to(x.dtype).expand_as(x)
+    n = m.sum()
+    flat_m = m.reshape(-1)
+    mean = _safe_div(torch.dot(x.reshape(-1), flat_m), n)
+    centered = x.sub_(mean).mul_(m)  # 0 outside the mask, so its squares sum over the mask only
+    flat = centered.reshape(-1)
+    var = _safe_div(torch.dot(flat, flat), n - 1) * (n > 1).to(x.dtype)
+    out = centered.mul_(torch.rsqrt(var + eps))
+    if not shift_mean:
+        out.add_(mean).mul_(m)
+    return out

@@ -75,6 +75,24 @@ def test_gae_matches_classic_loop(gen, gamma, lam):
     assert torch.allclose(white, masked_whiten(ref_adv, m), atol=1e-6)
 
 
+def test_gae_row_blocks_match_loop(gen, monkeypatch):
+    """The scan goes over rows in blocks; several blocks (the last one short) give the loop's
+    result, with both lambdas (VAPO) and a length-adaptive actor lambda."""
+    import reinforge.algos.advantages as advantages
+
+    monkeypatch.setattr(advantages, "_SCAN_BLOCK_ELEMENTS", 3 * 96)  # 3 rows of width 96 a block
+    r, v, m = make_batch(gen, B=10, T=70)
+    inp = AdvantageInput(r, m, values=v, gamma=0.99, lam=0.9, lam_critic=1.0, whiten=False)
+    adv, ret = compute_advantages("gae", inp)
+    ref_adv, _ = classic_gae(r, v, m, 0.99, 0.9)
+    ref_crit, _ = classic_gae(r, v, m, 0.99, 1.0)
+    assert (adv - ref_adv).abs().max() <= 1e-6
+    assert (ret - (ref_crit + v)).abs().max() <= 1e-6
+    lam_rows = (1 - 1 / (0.05 * m.sum(-1))).clamp(0, 1)
+    adv, _ = compute_advantages("gae", AdvantageInput(r, m, values=v, gamma=0.99, length_adaptive_alpha=0.05, whiten=False))
+    assert (adv - classic_gae(r, v, m, 0.99, lam_rows)[0]).abs().max() <= 1e-6
+
+
 def test_gae_float32_close_to_loop(gen):
     r, v, m = make_batch(gen, B=16, T=200, dtype=torch.float32)
     adv, _ = compute_advantages("gae", AdvantageInput(r, m, values=v, gamma=0.99, lam=0.95, whiten=False))
@@ -221,7 +239,7 @@ def test_reinforce_without_baseline_hand_computed():
     assert torch.equal(adv, ret)
 
 
-@pytest.mark.parametrize("T,chunk", [(1, 4), (7, 4), (33, 8), (300, 32)])
+@pytest.mark.parametrize("T,chunk", [(1, 4), (7, 4), (33, 8), (300, 32), (300, 4), (50, 3)])
 def test_discounted_reverse_cumsum_matches_loop(T, chunk):
     from reinforge.algos.scan import discounted_reverse_cumsum
 

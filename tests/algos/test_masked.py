@@ -1,6 +1,8 @@
+import pytest
 import torch
 
 from reinforge.algos import masked_mean, masked_sum, masked_var, masked_whiten
+from reinforge.algos.masked import masked_whiten_
 
 from algos_helpers import random_mask
 
@@ -53,3 +55,19 @@ def test_whiten_mean0_var1(gen):
     assert (w[m == 0] == 0).all()
     w2 = masked_whiten(x, m, shift_mean=False)
     assert abs(masked_mean(w2, m).item() - masked_mean(x, m).item()) < 1e-10
+
+
+@pytest.mark.parametrize("shift_mean", [True, False])
+def test_inplace_whiten_equals_whiten(gen, shift_mean):
+    """masked_whiten_ (no temporaries, writes into x) = masked_whiten, also for an empty or
+    one-token mask, where both must stay finite."""
+    x = 3 + 5 * torch.randn(8, 16, generator=gen, dtype=torch.float64)
+    one = torch.zeros(8, 16, dtype=torch.float64)
+    one[0, 3] = 1.0
+    for m in (random_mask(8, 16, gen), torch.zeros_like(one), one):
+        ref = masked_whiten(x, m, shift_mean=shift_mean)
+        y = x.clone()
+        out = masked_whiten_(y, m, shift_mean=shift_mean)
+        assert out.data_ptr() == y.data_ptr()
+        assert torch.isfinite(out).all()
+        assert torch.allclose(out, ref, atol=1e-10)
