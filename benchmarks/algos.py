@@ -13,7 +13,6 @@ import argparse
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -145,7 +144,7 @@ def make_inputs(variant: str, N: int, V: int, H: int):
     labels = torch.randint(0, V, (N,), generator=g)
     if variant == "fused":
         hidden = torch.randn(N, H, generator=g).requires_grad_(True)
-        weight = (torch.randn(V, H, generator=g) / math.sqrt(H)).requires_grad_(True)
+        weight = torch.randn(V, H, generator=g).div_(math.sqrt(H)).requires_grad_(True)  # no temporary
         return hidden, weight, labels
     return torch.randn(N, V, generator=g).mul_(2.0).requires_grad_(True), labels
 
@@ -155,28 +154,42 @@ def current_rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+def peak_rss_bytes() -> int:
+    """The process's RSS high-water mark (VmHWM), which `reset_peak_rss` can lower."""
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    raise RuntimeError("no VmHWM in /proc/self/status")
+
+
+def reset_peak_rss() -> None:
+    """Set the RSS high-water mark to the current RSS (Linux >= 4.0: write 5 to clear_refs),
+    so that the peak measured next belongs to the measured work alone, not to the warm-up or
+    to temporaries made while building the inputs."""
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")
+
+
 def mem_worker(variant: str, N: int, V: int, H: int, chunk: int) -> None:
     """Fresh process: peak RSS during fwd+bwd minus RSS after inputs (and warm-up)."""
     run_variant(variant, 64, V, H, chunk)  # warm-up on tiny inputs: thread pools, kernels
     inputs = make_inputs(variant, N, V, H)
+    reset_peak_rss()
     base = current_rss_bytes()
-    peak_before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     run_variant(variant, N, V, H, chunk, inputs)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss_bytes()
     if variant == "fused":
         grads = inputs[0].grad.nbytes + inputs[1].grad.nbytes  # parameter/activation grads
     else:
         grads = inputs[0].grad.nbytes  # the logits' gradient
-    print(json.dumps({"extra": peak - base - grads, "base": base, "peak_before": peak_before}))
+    print(json.dumps({"extra": peak - base - grads}))
 
 
 def measure_memory(variant: str, N: int, V: int, H: int, chunk: int) -> int:
     cmd = [sys.executable, os.path.abspath(__file__), "--mem-worker", variant, str(N), str(V), str(H), str(chunk)]
     out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-    res = json.loads(out.strip().splitlines()[-1])
-    if res["peak_before"] > res["base"] + res["extra"]:
-        print(f"warning: {variant}: peak before the measurement exceeds it", file=sys.stderr)
-    return res["extra"]
+    return json.loads(out.strip().splitlines()[-1])["extra"]
 
 
 # ----------------------------------------------------------------------------- main
@@ -234,7 +247,7 @@ def main() -> None:
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; times are medians of repeats "
           f"(loops: fewer repeats) after one warm-up.")
     print(f"Memory: each variant runs fwd+bwd once in a fresh subprocess after a tiny warm-up; peak extra = "
-          f"ru_maxrss (peak RSS) - RSS after allocating the inputs - the gradient buffers autograd returns "
+          f"peak RSS (VmHWM, reset after the inputs are built) - RSS after allocating the inputs - the gradient buffers autograd returns "
           f"(logits.grad; for fused hidden.grad + weight.grad), as % of the (N, V) fp32 logits "
           f"({logits_bytes / 2**20:.0f} MiB). The fused path never holds (N, V) logits at all.")
 
