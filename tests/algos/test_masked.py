@@ -59,7 +59,7 @@ def test_whiten_mean0_var1(gen):
 
 @pytest.mark.parametrize("shift_mean", [True, False])
 def test_inplace_whiten_equals_whiten(gen, shift_mean):
-    """masked_whiten_ (no temporaries, writes into x) = masked_whiten, also for an empty or
+    """masked_whiten_ (in place: writes into x) = masked_whiten, also for an empty or
     one-token mask, where both must stay finite."""
     x = 3 + 5 * torch.randn(8, 16, generator=gen, dtype=torch.float64)
     one = torch.zeros(8, 16, dtype=torch.float64)
