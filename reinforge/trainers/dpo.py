@@ -22,6 +22,7 @@ from reinforge.algos.preference import dpo_loss, sequence_logps
 from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.loading import load_causal_lm
+from reinforge.trainers.checkpoint import seed_everything
 from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_inputs, pair_tensors, prepare,
                                                   print_summary)
 
@@ -123,6 +124,7 @@ class DPOTrainer(PairTrainer):
 
     def __init__(self, cfg: DPOConfig):
         m = cfg.model
+        seed_everything(cfg.trainer.seed)
         tok, train, val = load_inputs(cfg)
         kw = dict(dtype=m.dtype, device=cfg.derived["device"], trust_remote_code=m.trust_remote_code,
                   attn_implementation=m.attn_implementation)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 
 from reinforge.config.load import save_config
-from reinforge.trainers.checkpoint import (export_hf, seed_everything, save_single_model_run, resume_single_model_run)
+from reinforge.trainers.checkpoint import export_hf, resume_single_model_run, save_single_model_run
 from reinforge.trainers.logging import RunLogger, Timer
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
@@ -230,12 +230,11 @@ def lock_run_dir(run_dir: Path):
 
 
 def prepare(schema, args_or_cfg):
-    """Config from CLI args (config, overrides) or a ready config object; seeds everything."""
+    """Config from CLI args (config, overrides) or a ready config object (the trainers seed)."""
     from reinforge.config.load import load_config
 
     cfg = args_or_cfg if isinstance(args_or_cfg, schema) else load_config(
         schema, args_or_cfg.config, list(args_or_cfg.overrides))
-    seed_everything(cfg.trainer.seed)
     return cfg
 
 

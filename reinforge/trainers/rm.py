@@ -19,6 +19,7 @@ from reinforge.algos.preference import bradley_terry_loss
 from reinforge.config.preference import RMConfig
 from reinforge.models.forward import position_ids_from_mask
 from reinforge.models.loading import resolve_dtype
+from reinforge.trainers.checkpoint import seed_everything
 from reinforge.trainers.preference_common import PairTrainer, load_inputs, pair_tensors, prepare, print_summary
 
 
@@ -61,6 +62,7 @@ class RMTrainer(PairTrainer):
 
     def __init__(self, cfg: RMConfig):
         m = cfg.model
+        seed_everything(cfg.trainer.seed)  # before the model: the new score head is drawn at random
         tok, train, val = load_inputs(cfg)
         self.model = load_rm_for_training(m.path, tok, m, cfg.derived["device"])
         self.setup(cfg, tok, train, val)
