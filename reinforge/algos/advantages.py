@@ -15,7 +15,6 @@ from dataclasses import dataclass
 from typing import Callable
 
 import torch
-import torch.nn.functional as F
 
 from .masked import _safe_div, _zero_outside, masked_sum, masked_whiten, masked_whiten_
 from .scan import discount_levels, discounted_reverse_cumsum_with

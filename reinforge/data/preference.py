@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 from reinforge.data.io import DataError, ItemsDataset, load_rows, row_error
 from reinforge.data.sft import pad_right
 from reinforge.data.text import encode, render_prompt, response_text
+
+if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
+    import torch
 
 PREF_OVERLONG = ("error", "skip")
 
