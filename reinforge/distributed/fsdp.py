@@ -7,6 +7,8 @@ holds embeddings, final norm and head.
 """
 from __future__ import annotations
 
+import types
+
 import torch
 from torch import nn
 
@@ -17,13 +19,26 @@ def decoder_layers(model: nn.Module) -> list[nn.Module]:
 
 
 def shard_model(model: nn.Module) -> nn.Module:
-    """Apply `fully_shard` per decoder layer, then to the root. Returns the same module."""
-    from torch.distributed.fsdp import fully_shard
+    """Apply `fully_shard` per decoder layer, then to the root. Returns the same module.
+
+    Also gives the root a `reinforge_call(fn, *args, **kwargs)` method registered as an FSDP
+    forward method: fn runs between the root's pre- and post-forward hooks, so the root's own
+    parameters (embeddings, final norm, LM head) are gathered for it and its outputs get the
+    backward hooks, exactly as for `model(...)`. The fused log-prob path reads the LM head's
+    weight directly and runs through it (`models.forward.as_root_forward`).
+    """
+    from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)
+    model.reinforge_call = types.MethodType(_call, model)
+    register_fsdp_forward_method(model, "reinforge_call")
     return model
+
+
+def _call(self, fn, *args, **kwargs):
+    return fn(*args, **kwargs)
 
 
 def _options(**kw):
@@ -37,9 +52,6 @@ def full_model_state(model: nn.Module) -> dict[str, torch.Tensor]:
     from torch.distributed.checkpoint.state_dict import get_model_state_dict
 
     return get_model_state_dict(model, options=_options(cpu_offload=True))
-
-
-
 
 
 def save_sharded(model: nn.Module, opt: torch.optim.Optimizer, path: str) -> None:

@@ -52,9 +52,6 @@ class RankProcess:
         dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                 world_size=self.world, timeout=timedelta(minutes=30))
         cfg.derived["device"] = "cuda" if cuda else "cpu"
-        # The fused log-prob path reads the head's weight outside any module call, which FSDP
-        # would not have gathered; the plain path calls the root model and is FSDP-safe.
-        cfg.model.fused_logprobs = False
         seed = cfg.trainer.seed  # the same seed on every rank: identical value-head init, shuffles
         random.seed(seed)
         torch.manual_seed(seed)

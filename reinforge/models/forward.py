@@ -23,6 +23,14 @@ def _lm_parts(model):
     return inner.base_model if hasattr(inner, "base_model") else inner.model, inner.get_output_embeddings()
 
 
+def as_root_forward(model, fn, *args, **kwargs):
+    """fn(*args, **kwargs), run as a forward of `model`'s root module when the model provides
+    one (`reinforge_call`, given by distributed.fsdp.shard_model): under FSDP2 the root's own
+    parameters, the LM head among them, are only gathered inside such a call."""
+    call = getattr(model, "reinforge_call", None)
+    return call(fn, *args, **kwargs) if call is not None else fn(*args, **kwargs)
+
+
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                       temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
                       chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
@@ -39,12 +47,15 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     if fused and getattr(head, "bias", None) is None:
         from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
 
-        hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                          use_cache=False).last_hidden_state[:, -T - 1:-1]  # (B, T, H)
-        B, _, H = hidden.shape
-        logp, ent = fused_logprobs_from_hidden(hidden.reshape(B * T, H), head.weight, labels.reshape(-1),
-                                               temperature=temperature, chunk_size=chunk_size,
-                                               return_entropy=with_entropy)
+        def run(input_ids, attention_mask, pos, labels):
+            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
+                              use_cache=False).last_hidden_state[:, -T - 1:-1]  # (B, T, H)
+            return fused_logprobs_from_hidden(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels.reshape(-1),
+                                              temperature=temperature, chunk_size=chunk_size,
+                                              return_entropy=with_entropy)
+
+        logp, ent = as_root_forward(model, run, input_ids, attention_mask, pos, labels)
+        B = input_ids.shape[0]
         return logp.view(B, T), (ent.view(B, T) if ent is not None else None)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
                    use_cache=False).logits[:, -T - 1:-1]  # (B, T, V)

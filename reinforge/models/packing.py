@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.models.forward import _lm_parts, position_ids_from_mask
+from reinforge.models.forward import _lm_parts, as_root_forward, position_ids_from_mask
 
 
 # ---- planning ------------------------------------------------------------------------------
@@ -179,11 +179,14 @@ def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: tor
     if fused and getattr(head, "bias", None) is None:
         from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
 
-        hidden = backbone(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids,
-                          use_cache=False).last_hidden_state  # (R, C, H)
-        h = hidden.reshape(-1, hidden.shape[-1])[src]  # (M, H)
-        logp, ent = fused_logprobs_from_hidden(h, head.weight, labels, temperature=temperature,
-                                               chunk_size=chunk_size, return_entropy=with_entropy)
+        def run(packed_ids, position_ids, src, labels):
+            hidden = backbone(input_ids=packed_ids, attention_mask=None, position_ids=position_ids,
+                              use_cache=False).last_hidden_state  # (R, C, H)
+            h = hidden.reshape(-1, hidden.shape[-1])[src]  # (M, H)
+            return fused_logprobs_from_hidden(h, head.weight, labels, temperature=temperature,
+                                              chunk_size=chunk_size, return_entropy=with_entropy)
+
+        logp, ent = as_root_forward(model, run, p.input_ids, p.position_ids, src, labels)
     else:
         # The whole model's forward (not backbone + head.weight): under FSDP only a call of the
         # root module gathers the head's shards.

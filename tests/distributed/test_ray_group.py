@@ -30,7 +30,7 @@ def ray_cluster():
 
 def _cfg(model_dir, data, run_dir, **extra):
     base = {"actor.mini_batch_size": 8, "critic.mini_batch_size": 8, "actor.ppo_epochs": 2, "actor.lr": 1e-3,
-            "model.fused_logprobs": False, "actor.micro_batch_size": 2, "critic.micro_batch_size": 2}
+            "actor.micro_batch_size": 2, "critic.micro_batch_size": 2}
     return validate(load_config(RLConfig, "ppo", rl_overrides(model_dir, data, run_dir, **{**base, **extra})))
 
 
@@ -49,15 +49,20 @@ def _close(a: torch.Tensor, b: torch.Tensor, m: torch.Tensor) -> float:
     return float((a - b)[m.bool()].abs().max())
 
 
-def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tmp_path):
+@pytest.mark.parametrize("fused, packing", [(False, False), (True, False), (True, True)])
+def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tmp_path, fused, packing):
+    """Log-probs, values and the weights after PPO updates agree; with the fused log-prob path
+    too (padded and packed rows), whose LM-head read FSDP gathers through the root's
+    registered forward method."""
     from reinforge.distributed.group import WorkerDiedError
     from reinforge.trainers.rl_setup import build_ray_workers, build_workers
 
-    local_cfg = _cfg(tiny_model_dir, arith_data, str(tmp_path / "l"))
+    opts = {"model.fused_logprobs": fused, "model.use_packing": packing}
+    local_cfg = _cfg(tiny_model_dir, arith_data, str(tmp_path / "l"), **opts)
     seed_everything(local_cfg.trainer.seed)
     local = build_workers(local_cfg)
     remote, group = build_ray_workers(_cfg(tiny_model_dir, arith_data, str(tmp_path / "r"),
-                                           **{"trainer.backend": "ray", "trainer.devices_per_node": 2}))
+                                           **{"trainer.backend": "ray", "trainer.devices_per_node": 2, **opts}))
     batch = _batch(local.actor_model.config.vocab_size)
     m = batch["response_mask"]
     lp_l, lp_r = local.actor.log_probs(batch), remote.actor.log_probs(batch)
