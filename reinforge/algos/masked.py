@@ -79,7 +79,8 @@ def masked_whiten(
 
 
 def _row_dot_sum(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """sum(a * b): per-row dot products, then a sum over rows. One dot product over all the
+    """sum(a * b) for a, b (..., T) -> scalar: per-row dot products, then a sum over rows
+    (the product is one temporary, freed at once). One dot product over all the
     elements is faster but accumulates ~10x the rounding error (fp32, 64 x 8192: 4e-7
     relative vs 3e-8), which whitening turns into 5e-6 absolute on the advantages."""
     return torch.linalg.vecdot(a, b).sum()
