@@ -15,6 +15,8 @@ the sequential loop in floating point.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.nn.functional as F
 
@@ -100,6 +102,9 @@ def discounted_reverse_cumsum_with(
     (pad with zeros); the operators come from `discount_levels` (its rows ``rows``). Writes A
     into ``out`` (n, W) when given (it must not overlap x), else a new tensor; x is unchanged.
     """
+    if level == 0 and torch.get_float32_matmul_precision() != "highest":
+        with _ieee_fp32_matmul():
+            return discounted_reverse_cumsum_with(x, levels, rows, out, level)
     MT, powers = levels[level]
     MT, powers = MT[rows], powers[rows]
     n, W = x.shape
@@ -114,3 +119,16 @@ def discounted_reverse_cumsum_with(
         # Position i of chunk k then adds c^(C - i) times the full value at chunk k + 1.
         A[:, :-1].addcmul_(powers.unsqueeze(1), X[:, 1:k].unsqueeze(-1))
     return A.view(n, W)
+
+
+@contextlib.contextmanager
+def _ieee_fp32_matmul():
+    """Full-precision fp32 matmuls for the duration. The chunk solves are matmuls, and the
+    faster modes that `torch.set_float32_matmul_precision("high" / "medium")` turns on (TF32 or
+    bf16 inputs, common on GPUs) round to 10 or 8 mantissa bits: advantages off by ~1e-3."""
+    prev = torch.get_float32_matmul_precision()
+    torch.set_float32_matmul_precision("highest")
+    try:
+        yield
+    finally:
+        torch.set_float32_matmul_precision(prev)

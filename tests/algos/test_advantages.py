@@ -252,3 +252,22 @@ def test_discounted_reverse_cumsum_matches_loop(T, chunk):
         acc = b[:, t] + c * acc
         ref[:, t] = acc
     assert torch.allclose(discounted_reverse_cumsum(b, c, chunk=chunk), ref, atol=1e-10)
+
+
+@pytest.mark.parametrize("precision", ["high", "medium"])
+def test_gae_full_precision_under_fast_matmul_modes(gen, precision):
+    """The chunk solves are matmuls; with TF32/bf16 matmuls switched on (common on GPUs) GAE
+    still runs them in full fp32 precision, and the caller's setting is restored after. (On
+    this CPU the modes change no bmm result, so here the test checks the switch and restore;
+    on a GPU with TF32 it is what keeps the result equal.)"""
+    r, v, m = make_batch(gen, B=8, T=300, dtype=torch.float32)
+    inp = AdvantageInput(r, m, values=v, gamma=0.99, lam=0.95, whiten=False)
+    ref, _ = compute_advantages("gae", inp)
+    torch.set_float32_matmul_precision(precision)
+    try:
+        adv, _ = compute_advantages("gae", inp)
+        assert torch.get_float32_matmul_precision() == precision
+    finally:
+        torch.set_float32_matmul_precision("highest")
+    assert torch.equal(adv, ref)
+    assert (adv.double() - classic_gae(r.double(), v.double(), m.double(), 0.99, 0.95)[0]).abs().max() <= 1e-5
