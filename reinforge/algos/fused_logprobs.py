@@ -5,8 +5,8 @@ biggest tensor of the whole step. This autograd Function never builds it: forwar
 ``chunk_size`` tokens' logits at a time and keeps only (N,) statistics; backward recomputes
 each chunk's logits, turns them into d loss / d logits in place (see ``logprobs``) and
 immediately contracts them into the gradients of hidden (N, H) and weight (V, H).
-Extra memory: a couple of (chunk_size, V) buffers plus an fp32 copy of weight's gradient
-when weight is half precision.
+Extra memory: a couple of (chunk_size, V) buffers, plus, when weight is half precision, fp32
+copies of weight and of its gradient during backward.
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ class _FusedLogProb(torch.autograd.Function):
         grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
         g_logp = g_logp.to(acc)
         g_ent = None if g_ent is None else g_ent.to(acc)
+        w_acc = weight.to(acc) if need_h else None  # once: a bf16 head would be copied per chunk
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, min(s + chunk, hidden.shape[0]))
             h = hidden[sl]
@@ -59,7 +60,7 @@ class _FusedLogProb(torch.autograd.Function):
             ge = None if g_ent is None else g_ent[sl]
             dz = _chunk_grad_(z, lse[sl], e, labels[sl], g_logp[sl], ge, T)  # d/dlogits (n, V)
             if need_h:
-                grad_h[sl] = (dz @ weight.to(acc)).to(hidden.dtype)
+                grad_h[sl] = (dz @ w_acc).to(hidden.dtype)
             if need_w:
                 grad_w.addmm_(dz.T, h.to(acc))
             del z, dz

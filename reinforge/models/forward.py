@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-from reinforge.algos.logprobs import entropy_from_logits, logprobs_from_logits
+from reinforge.algos.logprobs import logprobs_and_entropy_from_logits, logprobs_from_logits
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -31,37 +31,51 @@ def as_root_forward(model, fn, *args, **kwargs):
     return call(fn, *args, **kwargs) if call is not None else fn(*args, **kwargs)
 
 
+def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperature: float = 1.0,
+                   with_entropy: bool = False, fused: bool = True,
+                   chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (M,) of `labels` (M,) and entropies (M,) or None: the one model-to-log-prob
+    path of every trainer. `fwd` are the model's inputs (input_ids, attention_mask,
+    position_ids); `select` maps the model's (..., X) output (hidden states or logits) to the
+    (M, X) rows that predict `labels`.
+
+    fused: log-probs from the selected hidden states and the LM head's weight in chunks of
+    `chunk_size` tokens (0/None: sized by a memory budget), so no (M, V) logits exist at once.
+    Otherwise the model's own forward gives the logits (heads with a bias always go this way).
+    Both run as a root forward (`as_root_forward`), so FSDP gathers the head for them.
+    """
+    backbone, head = _lm_parts(model)
+    use_fused = fused and getattr(head, "bias", None) is None
+
+    def run(**fwd):
+        if use_fused:
+            from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
+
+            h = select(backbone(**fwd, use_cache=False).last_hidden_state)  # (M, H)
+            return fused_logprobs_from_hidden(h, head.weight, labels, temperature=temperature,
+                                              chunk_size=chunk_size, return_entropy=with_entropy)
+        logits = select(model(**fwd, use_cache=False).logits)  # (M, V)
+        if with_entropy:  # one custom backward for both: one (M, V) gradient, not two
+            return logprobs_and_entropy_from_logits(logits, labels, temperature, chunk_size or None)
+        return logprobs_from_logits(logits, labels, temperature, chunk_size or None), None
+
+    return as_root_forward(model, run, **fwd)
+
+
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                       temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
                       chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last `response_len` tokens of `input_ids` under `model`.
 
-    input_ids, attention_mask: (B, L). Returns log_probs (B, T) and entropy (B, T) or None.
-    The fused path runs the backbone, then computes log-probs from hidden states in chunks of
-    tokens, so the (B*T, V) logits never exist at once, forward or backward.
+    input_ids, attention_mask: (B, L). Returns log_probs (B, T) and entropy (B, T) or None
+    (see `token_logprobs` for the fused and logits paths).
     """
-    T = response_len
-    labels = input_ids[:, -T:]  # (B, T)
-    pos = position_ids_from_mask(attention_mask)
-    backbone, head = _lm_parts(model)
-    if fused and getattr(head, "bias", None) is None:
-        from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
-
-        def run(input_ids, attention_mask, pos, labels):
-            hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                              use_cache=False).last_hidden_state[:, -T - 1:-1]  # (B, T, H)
-            return fused_logprobs_from_hidden(hidden.reshape(-1, hidden.shape[-1]), head.weight, labels.reshape(-1),
-                                              temperature=temperature, chunk_size=chunk_size,
-                                              return_entropy=with_entropy)
-
-        logp, ent = as_root_forward(model, run, input_ids, attention_mask, pos, labels)
-        B = input_ids.shape[0]
-        return logp.view(B, T), (ent.view(B, T) if ent is not None else None)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos,
-                   use_cache=False).logits[:, -T - 1:-1]  # (B, T, V)
-    logp = logprobs_from_logits(logits, labels, temperature=temperature)
-    ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
-    return logp, ent
+    B, T = input_ids.shape[0], response_len
+    fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    logp, ent = token_logprobs(model, fwd, lambda x: x[:, -T - 1:-1].reshape(B * T, x.shape[-1]),
+                               input_ids[:, -T:].reshape(-1), temperature=temperature, with_entropy=with_entropy,
+                               fused=fused, chunk_size=chunk_size)
+    return logp.view(B, T), (ent.view(B, T) if ent is not None else None)
 
 
 def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:

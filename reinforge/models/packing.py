@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.models.forward import _lm_parts, as_root_forward, position_ids_from_mask
+from reinforge.models.forward import position_ids_from_mask, token_logprobs
 
 
 # ---- planning ------------------------------------------------------------------------------
@@ -171,30 +171,11 @@ def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: tor
     """Same contract as `forward.response_logprobs` (B, L) -> (B, T), computed on packed rows.
     Positions that are not real response tokens hold 0 (the padded path leaves garbage there;
     both are masked downstream)."""
-    from reinforge.algos.logprobs import entropy_from_logits, logprobs_from_logits
-
     p = pack(input_ids, attention_mask)
     sel, src, labels = _response_gather(p, input_ids, response_len)
-    backbone, head = _lm_parts(model)
-    if fused and getattr(head, "bias", None) is None:
-        from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
-
-        def run(packed_ids, position_ids, src, labels):
-            hidden = backbone(input_ids=packed_ids, attention_mask=None, position_ids=position_ids,
-                              use_cache=False).last_hidden_state  # (R, C, H)
-            h = hidden.reshape(-1, hidden.shape[-1])[src]  # (M, H)
-            return fused_logprobs_from_hidden(h, head.weight, labels, temperature=temperature,
-                                              chunk_size=chunk_size, return_entropy=with_entropy)
-
-        logp, ent = as_root_forward(model, run, p.input_ids, p.position_ids, src, labels)
-    else:
-        # The whole model's forward (not backbone + head.weight): under FSDP only a call of the
-        # root module gathers the head's shards.
-        logits = model(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids,
-                       use_cache=False).logits  # (R, C, V)
-        logits = logits.reshape(-1, logits.shape[-1])[src]  # (M, V)
-        logp = logprobs_from_logits(logits, labels, temperature=temperature)
-        ent = entropy_from_logits(logits, temperature=temperature) if with_entropy else None
+    fwd = dict(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids)
+    logp, ent = token_logprobs(model, fwd, lambda x: x.reshape(-1, x.shape[-1])[src], labels,
+                               temperature=temperature, with_entropy=with_entropy, fused=fused, chunk_size=chunk_size)
     return _scatter(sel, logp), (_scatter(sel, ent) if ent is not None else None)
 
 

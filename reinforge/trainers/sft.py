@@ -20,10 +20,12 @@ from pathlib import Path
 import torch
 
 from reinforge.config.sft import SFTConfig, validate_sft
-from reinforge.models.forward import _lm_parts, position_ids_from_mask
-from reinforge.trainers.checkpoint import (export_hf, seed_everything, save_single_model_run, resume_single_model_run)
+from reinforge.models.forward import position_ids_from_mask
+from reinforge.models.forward import token_logprobs as response_token_logprobs
+from reinforge.seeding import seed_everything
+from reinforge.trainers.checkpoint import export_hf, resume_single_model_run, save_single_model_run
 from reinforge.trainers.logging import RunLogger, Timer
-from reinforge.workers.optim import clip_and_step, make_optimizer, make_scheduler
+from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
 
 # ---- data: packing and collation ----------------------------------------------------------------
@@ -73,20 +75,14 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
             "attention_mask": mask4d[:, None]}
 
 
-def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None = None) -> torch.Tensor:
+def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None = None,
+                   fused: bool = True) -> torch.Tensor:
     """Log-probs (N,) of the target tokens, N = loss_mask[:, 1:].sum(): only the response tokens
     go through the LM head (the fused path never builds their (N, V) logits either)."""
-    backbone, head = _lm_parts(model)
-    hidden = backbone(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                      position_ids=batch["position_ids"], use_cache=False).last_hidden_state  # (B, L, H)
     target = batch["loss_mask"][:, 1:].bool()  # token t+1 is predicted from position t
-    h = hidden[:, :-1][target]  # (N, H)
-    labels = batch["input_ids"][:, 1:][target]  # (N,)
-    if getattr(head, "bias", None) is None:
-        from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
-
-        return fused_logprobs_from_hidden(h, head.weight, labels, chunk_size=chunk_size)[0]
-    return torch.log_softmax(head(h).float(), -1).gather(-1, labels[:, None])[:, 0]
+    fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    return response_token_logprobs(model, fwd, lambda x: x[:, :-1][target], batch["input_ids"][:, 1:][target],
+                                   fused=fused, chunk_size=chunk_size)[0]
 
 
 # ---- the trainer --------------------------------------------------------------------------------
@@ -118,6 +114,7 @@ class SFTTrainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, o.lr, o.weight_decay, o.betas)
         self.sched = make_scheduler(self.opt, o.warmup_steps, self.total_steps, o.lr_schedule)
+        self.guard = NonFiniteGuard(5, "sft")  # as the DPO / RM trainers
         self.run_dir, self.step_idx, self.timer = Path(cfg.trainer.run_dir), 0, Timer()
 
     def _to_device(self, b: dict) -> dict:
@@ -133,11 +130,12 @@ class SFTTrainer:
         mbs = self.cfg.derived["micro_batch_size"]
         for i in range(0, len(rows), mbs):
             batch = self._to_device(collate_rows(rows[i:i + mbs], self.tok.pad_token_id))
-            logp = token_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size)
+            logp = token_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
             loss = -logp.sum() / max(n_tokens, 1)
             loss.backward()
             loss_sum += loss.detach().float().cpu()
         grad_norm, ok = clip_and_step(self.params, self.opt, self.cfg.optim.grad_clip)
+        self.guard.record(ok)  # a skipped step is logged; several in a row stop the run
         lr = self.sched.get_last_lr()[0]
         self.sched.step()
         dt = time.perf_counter() - t0
@@ -154,7 +152,8 @@ class SFTTrainer:
         total, count = 0.0, 0
         for i in range(0, len(self.val_rows), self.cfg.derived["micro_batch_size"]):
             part = self.val_rows[i:i + self.cfg.derived["micro_batch_size"]]
-            logp = token_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)))
+            logp = token_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)),
+                                  self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
             total, count = total - float(logp.sum()), count + logp.numel()
         self.model.train(was)
         loss = total / max(count, 1)
