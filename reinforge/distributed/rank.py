@@ -8,7 +8,6 @@ all-reduces) meet across ranks.
 from __future__ import annotations
 
 import os
-import random
 import socket
 from datetime import timedelta
 
@@ -16,6 +15,7 @@ import torch
 import torch.distributed as dist
 
 from reinforge.distributed import fsdp
+from reinforge.seeding import seed_everything
 
 
 def _free_port() -> int:
@@ -49,15 +49,12 @@ class RankProcess:
             torch.cuda.set_device(0)  # Ray exposes one GPU per rank as device 0
         else:
             torch.set_num_threads(threads)
-        dist.init_process_group("nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}", rank=self.rank,
+        # GPU: NCCL for the model's tensors, gloo for the few CPU tensors the workers all-reduce
+        # (metric sums, "every rank finite", micro-batch counts).
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                 world_size=self.world, timeout=timedelta(minutes=30))
         cfg.derived["device"] = "cuda" if cuda else "cpu"
-        seed = cfg.trainer.seed  # the same seed on every rank: identical value-head init, shuffles
-        random.seed(seed)
-        torch.manual_seed(seed)
-        import numpy as np
-
-        np.random.seed(seed % 2**32)
+        seed_everything(cfg.trainer.seed)  # the same on every rank: identical value-head init, shuffles
         w = builder(cfg, shard=fsdp.shard_model)
         self.workers = {"actor": w.actor, "reference": w.reference, "critic": w.critic}
         self.models = {"actor": w.actor_model, "critic": w.critic_model}
@@ -84,7 +81,3 @@ class RankProcess:
         worker, model = self.workers[role], self.models[role]
         fsdp.load_sharded(model, worker.opt, path)
         worker.load_state_dict({**state, "optimizer": worker.opt.state_dict()})
-
-    def shutdown(self) -> None:
-        if dist.is_initialized():
-            dist.destroy_process_group()

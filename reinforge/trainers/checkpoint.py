@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
+from reinforge.seeding import seed_everything  # noqa: F401  (re-exported: trainers import it from here)
+
 STEP_RE = re.compile(r"^step_(\d+)$")
 
 
@@ -32,12 +34,6 @@ def set_rng_state(state: dict) -> None:
     np.random.set_state(state["numpy"])
     if state.get("cuda") is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda"])
-
-
-def seed_everything(seed: int) -> None:
-    random.seed(seed)
-    np.random.seed(seed % 2**32)
-    torch.manual_seed(seed)
 
 
 def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:

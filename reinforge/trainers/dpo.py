@@ -22,7 +22,7 @@ from reinforge.algos.preference import dpo_loss, sequence_logps
 from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.loading import load_causal_lm
-from reinforge.trainers.checkpoint import seed_everything
+from reinforge.seeding import seed_everything
 from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_inputs, pair_tensors, prepare,
                                                   print_summary)
 

@@ -23,8 +23,9 @@ from reinforge.algos.advantages import NEEDS_BASELINE
 from reinforge.config.load import ConfigError
 from reinforge.protocol import Batch
 from reinforge.trainers import stages
-from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state,
-                                           save_checkpoint, seed_everything, set_rng_state)
+from reinforge.seeding import seed_everything
+from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint,
+                                           set_rng_state)
 from reinforge.trainers.logging import RunLogger, Timer
 from reinforge.trainers.metrics import batch_metrics
 from reinforge.trainers.rl_setup import build_components

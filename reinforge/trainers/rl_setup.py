@@ -107,7 +107,7 @@ def build_workers(cfg: RLConfig, shard=None) -> Workers:
     if d["reference_enabled"]:
         # With LoRA the reference is the actor with its adapter disabled: no second copy.
         ref_model = actor_model if m.lora_rank > 0 else shard(load_causal_lm(m.path, train=False, **_model_kwargs(cfg)))
-        reference = ReferenceWorker(ref_model, m, d["actor_micro_batch_size"])
+        reference = ReferenceWorker(ref_model, m, d["actor_micro_batch_size"], cfg.actor.max_tokens_per_micro_batch)
     critic_model = critic = None
     if d["critic_enabled"]:
         critic_model = shard(load_critic(cfg.critic.model_path or m.path, gradient_checkpointing=m.gradient_checkpointing,

@@ -19,7 +19,7 @@ from reinforge.algos.preference import bradley_terry_loss
 from reinforge.config.preference import RMConfig
 from reinforge.models.forward import position_ids_from_mask
 from reinforge.models.loading import resolve_dtype
-from reinforge.trainers.checkpoint import seed_everything
+from reinforge.seeding import seed_everything
 from reinforge.trainers.preference_common import PairTrainer, load_inputs, pair_tensors, prepare, print_summary
 
 

@@ -10,7 +10,6 @@ import torch
 
 from reinforge.algos.aggregation import agg_denominators, agg_loss
 from reinforge.algos.kl import kl_penalty
-from reinforge.algos.masked import masked_mean
 from reinforge.algos.policy_loss import get_policy_loss
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
@@ -59,37 +58,19 @@ class ActorWorker:
         self.gen = torch.Generator().manual_seed(seed)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
 
-    def _forward(self, mb: Batch, temperature: float, with_entropy: bool):
-        T = mb["responses"].shape[1]
-        fn = packed_response_logprobs if self.mcfg.use_packing else response_logprobs
-        return fn(self.model, mb["input_ids"], mb["attention_mask"], T, temperature=temperature,
-                                 with_entropy=with_entropy, fused=self.mcfg.fused_logprobs,
-                                 chunk_size=self.mcfg.logprob_chunk_size)
-
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, with_entropy: bool = True) -> Batch:
         """-> old_log_probs (B, T) and, optionally, entropy (B, T)."""
-        temperature = batch.meta.get("temperature", 1.0)
-        was_training = self.model.training
-        self.model.eval()
-        logps, ents = [], []
-        mbs, order = micro_batches(batch, self.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
-        for mb in mbs:
-            lp, ent = self._forward(mb, temperature, with_entropy)
-            logps.append(lp.float())
-            ents.append(ent.float() if ent is not None else None)
-        self.model.train(was_training)
-        out = {"old_log_probs": restore_order(torch.cat(logps), order)}
-        if with_entropy:
-            out["entropy"] = restore_order(torch.cat(ents), order)
-        return Batch(out)
+        logp, ent = batch_log_probs(self.model, batch, self.mcfg, self.micro_batch_size,
+                                    self.cfg.max_tokens_per_micro_batch, with_entropy)
+        return Batch({"old_log_probs": logp, **({"entropy": ent} if with_entropy else {})})
 
     def _micro_loss(self, mb: Batch, denom: dict, temperature: float) -> tuple[torch.Tensor, dict]:
         c = self.cfg
         mask = mb["loss_mask"] if "loss_mask" in mb else mb["response_mask"]
         mask = mask.float()
         need_entropy = c.entropy_coeff != 0
-        log_probs, entropy = self._forward(mb, temperature, need_entropy)
+        log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature, need_entropy)
         loss_mat, m = self.loss_fn(log_probs, mb["old_log_probs"], mb["advantages"], mask,
                                    clip_low=c.clip_low, clip_high=c.clip_high, clip_c=c.clip_c)
         if "tis_weight" in mb:  # vLLM rollout: truncated importance sampling, per token
@@ -126,6 +107,7 @@ class ActorWorker:
                                          batch.meta.get("tis_cap", 2.0))
             batch = batch | Batch({"tis_weight": w})
         self.model.train()
+        device = model_device(self.model)
         for mini in mini_batches(batch, self.mini_batch_size, self.cfg.ppo_epochs, self.cfg.shuffle, self.gen):
             mask = mini["loss_mask"] if "loss_mask" in mini else mini["response_mask"]
             denom = agg_denominators(mask.float())
@@ -134,6 +116,7 @@ class ActorWorker:
             finite = True
             mbs, _ = micro_batches(dp.shard(mini), self.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
             for mb in mbs:
+                mb = mb.to(device)
                 loss, m = self._micro_loss(mb, denom, temperature)
                 if not torch.isfinite(loss):
                     finite = False
@@ -176,5 +159,33 @@ def _local(t: torch.Tensor) -> torch.Tensor:
     return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
-def masked_entropy_mean(batch: Batch) -> float:
-    return float(masked_mean(batch["entropy"], batch["response_mask"].float()))
+def model_device(model) -> torch.device:
+    """Where the model's weights live (under FSDP2: this rank's device)."""
+    return next(model.parameters()).device
+
+
+def micro_log_probs(model, mb: Batch, mcfg: ModelConfig, temperature: float, with_entropy: bool):
+    """Log-probs (and entropies) (b, T) of one micro-batch already on the model's device."""
+    fn = packed_response_logprobs if mcfg.use_packing else response_logprobs
+    return fn(model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1], temperature=temperature,
+              with_entropy=with_entropy, fused=mcfg.fused_logprobs, chunk_size=mcfg.logprob_chunk_size)
+
+
+@torch.no_grad()
+def batch_log_probs(model, batch: Batch, mcfg: ModelConfig, micro_batch_size: int, max_tokens: int,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs (B, T) fp32 on the CPU, and entropies or None, of a whole batch at its rollout
+    temperature: micro-batches (token budget honoured) on the model's device, in eval mode,
+    put back in batch order. The actor's old log-probs and the reference's log-probs."""
+    temperature = batch.meta.get("temperature", 1.0)
+    was_training, device = model.training, model_device(model)
+    model.eval()
+    logps, ents = [], []
+    mbs, order = micro_batches(batch, micro_batch_size, max_tokens)
+    for mb in mbs:
+        lp, ent = micro_log_probs(model, mb.to(device), mcfg, temperature, with_entropy)
+        logps.append(lp.float().cpu())
+        ents.append(ent.float().cpu() if ent is not None else None)
+    model.train(was_training)
+    return (restore_order(torch.cat(logps), order),
+            restore_order(torch.cat(ents), order) if with_entropy else None)

@@ -10,7 +10,7 @@ from reinforge.models.forward import response_values
 from reinforge.models.packing import micro_batches, packed_response_values, restore_order
 from reinforge.protocol import Batch
 from reinforge.workers import dp
-from reinforge.workers.actor import MetricSum, _local
+from reinforge.workers.actor import MetricSum, _local, model_device
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
 
 
@@ -31,10 +31,11 @@ class CriticWorker:
 
     @torch.no_grad()
     def values(self, batch: Batch) -> Batch:
-        """-> values (B, T): the critic's estimate before each response token."""
+        """-> values (B, T) on the CPU: the critic's estimate before each response token."""
         self.model.eval()
+        device = model_device(self.model)
         mbs, order = micro_batches(batch, self.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
-        vals = restore_order(torch.cat([self._values(mb) for mb in mbs]), order)
+        vals = restore_order(torch.cat([self._values(mb.to(device)).cpu() for mb in mbs]), order)
         self.model.train()
         return Batch({"values": vals * batch["response_mask"]})
 
@@ -43,12 +44,14 @@ class CriticWorker:
         c = self.cfg
         sums, shared, n_mini, world = MetricSum(), MetricSum(), 0, dp.world_size()
         self.model.train()
+        device = model_device(self.model)
         for mini in mini_batches(batch, self.mini_batch_size, c.ppo_epochs, True, self.gen):
             mask = mini["response_mask"].float()  # the global mini-batch (see workers/dp.py)
             denom = agg_denominators(mask)
             n_mini += 1
             moments = MetricSum()
             for mb in micro_batches(dp.shard(mini), self.micro_batch_size, c.max_tokens_per_micro_batch)[0]:
+                mb = mb.to(device)
                 m_mask = mb["response_mask"].float()
                 vpreds = self._values(mb)
                 loss, m = clipped_value_loss(vpreds, mb["values"], mb["returns"], m_mask, c.cliprange_value,
