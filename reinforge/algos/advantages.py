@@ -81,15 +81,16 @@ _SCAN_BLOCK_ELEMENTS = 1 << 16
 
 def _discounted_scan(
     rewards: torch.Tensor,
-    values: torch.Tensor,
+    values: torch.Tensor | None,
     mask: torch.Tensor,
     gamma: float,
-    lam: torch.Tensor,
+    lams: list[torch.Tensor],
+    outs: list[torch.Tensor],
     chunk: int = 32,
-    out: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """GAE recursion of the classic per-time-step loop, vectorised. All (R, T); lam (R,).
-    Written into ``out`` (R, T) when given, else into a new tensor, which is returned.
+) -> None:
+    """GAE recursion of the classic per-time-step loop, vectorised, once per lambda vector.
+    rewards, values, mask: (R, T) (values None: all zero); lams: (R,) each; the advantages
+    for lams[i] are written into outs[i] (R, T).
 
     Masked positions carry the recursion: a valid token's "next value" is the value of the
     next *valid* token (0 if none), and a masked token's advantage equals the next valid
@@ -97,13 +98,13 @@ def _discounted_scan(
     So the valid tokens are packed to the left of each row (k = their rank), the recursion runs
     there with one coefficient gamma * lam per row, and every position t reads the packed
     result at k(t) = the number of valid tokens before t: its own slot if valid, the next valid
-    token's if masked, the zero slot past the end if there is none. Rows go in blocks of about
+    token's if masked, the zero slot past the end if there is none. The packing is done once
+    for all the lambdas (VAPO's actor and critic). Rows go in blocks of about
     ``_SCAN_BLOCK_ELEMENTS`` elements (see there why).
     """
     R, T = rewards.shape
     W = -(-(T + 1) // chunk) * chunk  # packed width: T slots, a zero/scratch column, padding
-    levels = discount_levels((gamma * lam).to(rewards.dtype), W, chunk)
-    out = rewards.new_empty(R, T) if out is None else out
+    levels = [discount_levels((gamma * lam).to(rewards.dtype), W, chunk) for lam in lams]
     rows = max(1, _SCAN_BLOCK_ELEMENTS // max(W, 1))
     for r0 in range(0, R, rows):
         r1 = min(R, r0 + rows)
@@ -115,16 +116,18 @@ def _discounted_scan(
         # a max: cheaper than a masked_fill.
         idx = torch.maximum(k, ones.sub_(1).mul_(-T)).to(torch.long)
         del ones
-        packed = rewards.new_zeros(2, r1 - r0, W)  # [rewards, values], valid tokens left
-        packed[0].scatter_(1, idx, rewards[r0:r1])
-        packed[1].scatter_(1, idx, values[r0:r1])
-        packed[:, :, T] = 0.0
-        # delta_j = r_j + gamma * V_{j+1} - V_j on the packed rows (0 past each row's end).
-        delta = packed[0]
-        delta[:, :-1].add_(packed[1][:, 1:], alpha=gamma).sub_(packed[1][:, :-1])
-        adv = discounted_reverse_cumsum_with(delta, levels, slice(r0, r1), out=packed[1])
-        torch.gather(adv, 1, idx.copy_(k), out=out[r0:r1])
-    return out
+        packed = rewards.new_zeros(2, r1 - r0, W)  # [delta, values / scan output], valid tokens left
+        delta = packed[0].scatter_(1, idx, rewards[r0:r1])
+        if values is not None:
+            # delta_j = r_j + gamma * V_{j+1} - V_j on the packed rows (0 past each row's end).
+            v = packed[1].scatter_(1, idx, values[r0:r1])
+            v[:, T] = 0.0
+            delta[:, :-1].add_(v[:, 1:], alpha=gamma).sub_(v[:, :-1])
+        delta[:, T] = 0.0  # the masked tokens' scratch column
+        idx.copy_(k)
+        for lv, out in zip(levels, outs):
+            adv = discounted_reverse_cumsum_with(delta, lv, slice(r0, r1), out=packed[1])
+            torch.gather(adv, 1, idx, out=out[r0:r1])
 
 
 # --------------------------------------------------------------------------- estimators
@@ -152,12 +155,12 @@ def gae(inp: AdvantageInput):
     # Both outputs in one allocation, every other step in place or in per-block scratch: on a
     # large batch the page faults of fresh memory cost more than the arithmetic.
     adv, returns = r.new_empty(2, *r.shape).unbind(0)
-    _discounted_scan(r, v, m, inp.gamma, lam_actor, out=adv)
     if inp.length_adaptive_alpha is None and lam_c == inp.lam:
+        _discounted_scan(r, v, m, inp.gamma, [lam_actor], [adv])
         torch.add(adv, v, out=returns)
-    else:  # VAPO: the critic's returns from their own lambda
-        lam_rows = torch.full_like(lam_actor, float(lam_c))
-        _discounted_scan(r, v, m, inp.gamma, lam_rows, out=returns).add_(v)
+    else:  # VAPO: the critic's returns from their own lambda, on the same packing
+        _discounted_scan(r, v, m, inp.gamma, [lam_actor, torch.full_like(lam_actor, float(lam_c))], [adv, returns])
+        returns.add_(v)
     if inp.whiten:
         masked_whiten_(adv, m)
     return adv, returns
@@ -213,9 +216,9 @@ def reinforce_plus_plus(inp: AdvantageInput):
     V = 0, lam = 1). Advantages = masked_whiten(G); returns = G (raw).
     """
     r, m = inp.token_level_rewards, inp.response_mask
-    ones = torch.ones(r.shape[0], dtype=r.dtype, device=r.device)
-    returns = _discounted_scan(r, torch.zeros_like(r), m, inp.gamma, ones)
-    returns = _zero_outside(returns, m)
+    returns = torch.empty_like(r)
+    _discounted_scan(r, None, m, inp.gamma, [torch.ones(r.shape[0], dtype=r.dtype, device=r.device)], [returns])
+    returns = _zero_outside(returns, m)  # masked tokens carried the next return
     return masked_whiten(returns, m), returns
 
 

@@ -23,9 +23,8 @@ from typing import Callable
 
 import torch
 
+from .kl import LOG_RATIO_CLAMP  # one bound on |log ratio| for the losses and the KL
 from .masked import _zero_outside, masked_mean
-
-LOG_RATIO_CLAMP = 20.0
 
 
 def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
@@ -84,7 +83,7 @@ def gspo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, c
     lr = _log_ratio(log_probs, old_log_probs)
     seq_lr = masked_mean(lr, response_mask, dim=-1).detach()  # (B,)
     tok_lr = seq_lr.unsqueeze(-1) + log_probs - log_probs.detach()  # (B, T), value = seq_lr
-    ratio = torch.exp(tok_lr.clamp(max=LOG_RATIO_CLAMP))
+    ratio = torch.exp(tok_lr)  # seq_lr is a mean of clamped log-ratios: already within +-20
     loss, clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
     loss, dual = _dual_clip(loss, advantages, clip_c)
     metrics = _metrics(log_probs, old_log_probs, response_mask, clipped & ~dual, dual)

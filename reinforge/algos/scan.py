@@ -4,13 +4,12 @@ Solves, for every row independently,
 
     A[t] = b[t] + a[t] * A[t + 1],    A[T] = 0,
 
-without a Python loop over time: `reverse_linear_scan` (any coefficients a) runs a
-Hillis-Steele doubling scan inside chunks of ``chunk`` steps (log2(chunk) passes over the
-data), then the same scan, recursively, over the chunk boundaries. When a is one constant
-per row (GAE, discounted returns), `discounted_reverse_cumsum` solves each chunk with one
-batched matmul by a Toeplitz matrix of powers instead. Only products and sums appear, so
-both are exact in the algebraic sense for any coefficient (including 0) and as accurate as
-the sequential loop in floating point.
+for a coefficient a that is one constant per row (GAE and discounted returns), without a
+Python loop over time: inside each chunk of ``chunk`` steps the recursion is a fixed
+upper-triangular Toeplitz matrix of powers of a, so one batched matmul solves every chunk;
+the chunk boundaries form the same recursion with coefficient a^chunk, solved the same way
+one level up. Only products and sums appear, so it is exact in the algebraic sense for any
+coefficient (including 0) and as accurate as the sequential loop in floating point.
 """
 
 from __future__ import annotations
@@ -21,45 +20,11 @@ import torch
 import torch.nn.functional as F
 
 
-def _doubling_scan(a: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """a, b: (R, C) -> (A (R, C), P (R, C)) with P[t] = prod_{k >= t} a[k] (within the row)."""
-    a, b = a.clone(), b.clone()
-    C = b.shape[-1]
-    d = 1
-    while d < C:
-        # Window [t, t + 2d) = window [t, t + d) composed with window [t + d, t + 2d).
-        b[:, :-d] += a[:, :-d] * b[:, d:]  # right side is evaluated into a temporary first
-        a[:, :-d] = a[:, :-d] * a[:, d:]
-        d *= 2
-    return b, a
-
-
-def reverse_linear_scan(a: torch.Tensor, b: torch.Tensor, chunk: int = 32) -> torch.Tensor:
-    """A[t] = b[t] + a[t] * A[t+1] along the last dim. a, b: (R, T) -> (R, T)."""
-    R, T = b.shape
-    if T <= chunk:
-        return _doubling_scan(a, b)[0]
-    n_chunks = -(-T // chunk)
-    pad = n_chunks * chunk - T
-    if pad:
-        a = F.pad(a, (0, pad), value=1.0)
-        b = F.pad(b, (0, pad), value=0.0)
-    A, P = _doubling_scan(a.reshape(R * n_chunks, chunk), b.reshape(R * n_chunks, chunk))
-    A = A.view(R, n_chunks, chunk)
-    P = P.view(R, n_chunks, chunk)
-    # Full value at each chunk start: X[k] = A[k, 0] + P[k, 0] * X[k + 1]  (R, n_chunks)
-    X = reverse_linear_scan(P[:, :, 0].contiguous(), A[:, :, 0].contiguous(), chunk)
-    X_next = torch.cat([X[:, 1:], X.new_zeros(R, 1)], dim=1)  # (R, n_chunks)
-    out = A.addcmul_(P, X_next.unsqueeze(-1))  # A is our own buffer
-    return out.reshape(R, n_chunks * chunk)[:, :T]
-
-
 def discounted_reverse_cumsum(b: torch.Tensor, c: torch.Tensor, chunk: int = 32) -> torch.Tensor:
     """A[t] = b[t] + c * A[t+1] with one coefficient per row. b: (R, T), c: (R,) -> (R, T).
 
-    The constant-coefficient case of `reverse_linear_scan`: inside a chunk the recursion is a
-    fixed (chunk, chunk) upper-triangular matrix of powers of c, so one batched matmul solves
-    every chunk at once, and the chunk boundaries are solved the same way one level up.
+    The readable entry point (the GAE hot path calls `discount_levels` once and
+    `discounted_reverse_cumsum_with` per row block itself).
     """
     R, T = b.shape
     W = max(1, -(-T // chunk)) * chunk

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from .aggregation import agg_loss
-from .masked import _safe_div, masked_mean
+from .masked import _safe_div, masked_mean, masked_var
 
 
 def clipped_value_loss(
@@ -38,18 +38,32 @@ def clipped_value_loss(
 
 
 @torch.no_grad()
+def explained_variance_moments(preds: torch.Tensor, targets: torch.Tensor,
+                               mask: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Masked sums from which `explained_variance_from_moments` reads the explained variance:
+    (B, T) -> scalars. Sums add up, so micro-batches and data-parallel ranks can each compute
+    theirs and the total gives the whole batch's value whatever the split."""
+    m = mask.float()
+    d, t = (targets - preds).float(), targets.float()
+    return {"n": m.sum(), "t": (t * m).sum(), "t2": (t * t * m).sum(), "d": (d * m).sum(), "d2": (d * d * m).sum()}
+
+
+def explained_variance_from_moments(s: dict[str, torch.Tensor]) -> torch.Tensor:
+    """1 - Var[targets - preds] / Var[targets] from (summed) `explained_variance_moments`:
+    the same quantity as `explained_variance`, in one-pass form (E[x^2] - E[x]^2)."""
+    n = s["n"].clamp(min=1)
+    var_t = s["t2"] / n - (s["t"] / n) ** 2
+    var_d = s["d2"] / n - (s["d"] / n) ** 2
+    return torch.where(var_t > 0, 1 - var_d / var_t.clamp(min=1e-12), torch.zeros_like(var_t))
+
+
 def explained_variance(preds: torch.Tensor, targets: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """1 - Var[targets - preds] / Var[targets] over the mask. (B, T) -> scalar.
 
     1 is a perfect critic, 0 predicts no better than the mean, < 0 worse. Returns 0 when the
-    targets have zero variance (undefined).
+    targets have zero variance (undefined). Two passes (centred variances), so more accurate
+    than the one-pass moment form that split batches need.
     """
-    t, p = targets.float(), preds.float()
-    m = mask.float()
-
-    def var(x):
-        mu = masked_mean(x, m)
-        return masked_mean((x - mu) ** 2, m)
-
-    vt = var(t)
-    return torch.where(vt > 0, 1 - _safe_div(var(t - p), vt), torch.zeros_like(vt))
+    t, m = targets.float(), mask.float()
+    vt = masked_var(t, m, unbiased=False)
+    return torch.where(vt > 0, 1 - _safe_div(masked_var(t - preds.float(), m, unbiased=False), vt), torch.zeros_like(vt))

@@ -4,7 +4,7 @@ from __future__ import annotations
 import torch
 
 from reinforge.algos.aggregation import agg_denominators
-from reinforge.algos.value_loss import clipped_value_loss
+from reinforge.algos.value_loss import clipped_value_loss, explained_variance_from_moments, explained_variance_moments
 from reinforge.config.schema import CriticConfig
 from reinforge.models.forward import response_values
 from reinforge.models.packing import micro_batches, packed_response_values, restore_order
@@ -59,12 +59,12 @@ class CriticWorker:
                                              num_seqs=denom["num_seqs"])
                 (loss * world).backward()  # FSDP averages gradients over ranks
                 share = float(m_mask.sum()) / max(float(mask.sum()), 1.0)
-                moments.add(_moments(vpreds.detach(), mb["returns"], m_mask), 1.0)
+                moments.add(explained_variance_moments(vpreds.detach(), mb["returns"], m_mask), 1.0)
                 sums.add({"vf_loss": loss}, 1.0)
                 sums.add({**m, "vpred_mean": (vpreds.detach() * m_mask).sum() / m_mask.sum().clamp(min=1)}, share)
             # Explained variance of the whole mini-batch, from moments summed over micro-batches
             # and ranks: it does not depend on how the mini-batch was split.
-            shared.add({"vf_explained_var": _explained_var(moments.all_reduce().sums)}, 1.0)
+            shared.add({"vf_explained_var": explained_variance_from_moments(moments.all_reduce().sums)}, 1.0)
             grad_norm, ok = clip_and_step(self.params, self.opt, c.grad_clip)
             self.guard.record(ok)
             shared.add({"grad_norm": _local(grad_norm)}, 1.0)
@@ -81,20 +81,3 @@ class CriticWorker:
         self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.gen.set_state(state["generator"])
-
-
-def _moments(vpreds: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Masked sums of the returns and of the residuals (and their squares): (B, T) -> scalars."""
-    d = (returns - vpreds).float()
-    r = returns.float()
-    return {"n": mask.sum(), "r": (r * mask).sum(), "r2": (r * r * mask).sum(), "d": (d * mask).sum(),
-            "d2": (d * d * mask).sum()}
-
-
-def _explained_var(s: dict[str, torch.Tensor]) -> torch.Tensor:
-    """1 - Var[returns - values] / Var[returns] from `_moments` sums (0 when Var[returns] is 0),
-    the same quantity as algos.value_loss.explained_variance over the pooled tokens."""
-    n = s["n"].clamp(min=1)
-    var_r = s["r2"] / n - (s["r"] / n) ** 2
-    var_d = s["d2"] / n - (s["d"] / n) ** 2
-    return torch.where(var_r > 0, 1 - var_d / var_r.clamp(min=1e-12), torch.zeros_like(var_r))

@@ -43,6 +43,20 @@ def test_explained_variance():
     assert explained_variance(t, torch.ones_like(t), m) == 0
 
 
+def test_explained_variance_moments_add_up_over_parts():
+    """The critic sums moments over micro-batches and ranks: any split gives the whole batch's
+    explained variance."""
+    from reinforge.algos.value_loss import explained_variance_from_moments, explained_variance_moments
+
+    g = torch.Generator().manual_seed(0)
+    t = torch.randn(6, 9, generator=g, dtype=torch.float64)
+    p = t + 0.5 * torch.randn(6, 9, generator=g, dtype=torch.float64)
+    m = (torch.rand(6, 9, generator=g) < 0.7).double()
+    parts = [explained_variance_moments(p[i:j], t[i:j], m[i:j]) for i, j in ((0, 1), (1, 4), (4, 6))]
+    total = {k: sum(part[k] for part in parts) for k in parts[0]}
+    assert torch.isclose(explained_variance_from_moments(total), explained_variance(p, t, m), atol=1e-12)
+
+
 def test_sequence_logps():
     lp = torch.tensor([[-1.0, -2.0, -5.0], [-1.0, 0.0, 0.0]])
     m = torch.tensor([[1.0, 1.0, 0.0], [0.0, 0.0, 0.0]])
