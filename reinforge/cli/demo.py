@@ -15,9 +15,9 @@ import json
 import time
 from pathlib import Path
 
-import yaml
-
-from reinforge.config.load import PRESET_DIR
+# The built-in task and tiny model of the demo (not a config preset: no trainer reads these keys).
+DEMO_TASK = {"task": "arithmetic", "options": {"digits": 2, "ops": "+"}, "n_train": 4000, "n_test": 200,
+             "n_sft": 2000, "data_seed": 0, "model_seed": 0}
 
 # A few steps of each stage: the pipeline end to end in well under a minute.
 QUICK_SFT = ["optim.total_steps=5", "optim.warmup_steps=0"]
@@ -31,7 +31,7 @@ def make_inputs(out: Path, quick: bool) -> tuple[dict, dict]:
     from reinforge.models.tiny import make_tiny_model
     from reinforge.tasks import build_char_tokenizer, make_task_data
 
-    task = yaml.safe_load((PRESET_DIR / "demo_task.yaml").read_text())
+    task = dict(DEMO_TASK)
     if quick:
         task.update(QUICK_TASK)
     paths = make_task_data(task["task"], str(out / "data"), n_train=task["n_train"], n_test=task["n_test"],

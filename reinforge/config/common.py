@@ -1,6 +1,6 @@
 """Sections shared by several trainers: the AdamW settings (actor, critic, SFT, DPO, RM), the
-supervised trainers' optimizer section and their run section (directory, checkpoints, logging).
-Each trainer subclasses them only to add fields or change defaults."""
+supervised trainers' optimizer section and the run section of every trainer (directory,
+checkpoints, logging). Each trainer subclasses them only to add fields or change defaults."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import difflib
 import os
-from dataclasses import fields, is_dataclass
+from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
 from typing import Any, Sequence, TypeVar
 
@@ -68,7 +68,7 @@ def _check_keys(schema, data: dict, prefix: str = "") -> None:
             close = difflib.get_close_matches(key, list(valid), n=1)
             hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {sorted(valid)}"
             raise ConfigError(f"unknown config key {dotted!r}{hint}")
-        ftype = valid[key].default_factory if valid[key].default_factory is not None else None  # type: ignore[misc]
+        ftype = valid[key].default_factory if valid[key].default_factory is not MISSING else None  # type: ignore[misc]
         sub = ftype() if callable(ftype) else None
         if is_dataclass(sub):
             if not isinstance(value, dict):

@@ -8,14 +8,13 @@ keys. `validate_preference` checks and derives in one place before any model loa
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
-from reinforge.config.load import ConfigError
 from reinforge.config.common import OptimConfig, RootConfig, RunConfig
 from reinforge.config.schema import ModelConfig
+from reinforge.config.validate import check_choice, check_data_files, check_model_path, need, validate_supervised
+from reinforge.data.preference import PREF_OVERLONG
 
-DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
 REDUCTIONS = ("sum", "mean")
 
 
@@ -37,11 +36,6 @@ class PrefDataConfig:
     """Pairs per optimizer step (each pair is two sequences)."""
     seed: int = 1
     """Shuffling seed for the pair order and the held-out split."""
-
-
-@dataclass
-class PrefOptimConfig(OptimConfig):
-    """The shared optimizer section with its defaults (lr 1e-5, constant schedule)."""
 
 
 @dataclass
@@ -103,7 +97,8 @@ class PrefTrainerConfig(RunConfig):
 class _PrefConfig(RootConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: PrefDataConfig = field(default_factory=PrefDataConfig)
-    optim: PrefOptimConfig = field(default_factory=PrefOptimConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    """The shared optimizer section with its defaults (lr 1e-5, constant schedule)."""
     trainer: PrefTrainerConfig = field(default_factory=PrefTrainerConfig)
     derived: dict = field(default_factory=dict)
     """Filled by validate_preference(): values computed from the others (not for users to set)."""
@@ -121,42 +116,28 @@ class RMConfig(_PrefConfig):
     rm: RMParams = field(default_factory=RMParams)
 
 
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
-
-
 def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None) -> _PrefConfig:
     """Check `cfg` and fill `cfg.derived` (device; total_steps once the data size is known)."""
-    from reinforge.config.validate import check_model_path, resolve_device
-
-    d, o = cfg.data, cfg.optim
+    d = cfg.data
     check_model_path(cfg.model.path, "model.path")
-    _need(bool(d.train_files), "data.train_files is empty: give at least one prompt/chosen/rejected file")
-    files = list(d.train_files) + list(d.val_files)
+    eval_files = list(cfg.eval.prompt_files) if isinstance(cfg, DPOConfig) else []
+    check_data_files(d.train_files, list(d.val_files) + eval_files, kind="prompt/chosen/rejected file")
     if isinstance(cfg, DPOConfig):
-        files += list(cfg.eval.prompt_files)
+        from reinforge.algos.preference import DPO_LOSS_TYPES  # imports torch, as training does
+
         p = cfg.dpo
-        _need(p.loss_type in DPO_LOSS_TYPES, f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(DPO_LOSS_TYPES)}")
-        _need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
-        _need(p.beta > 0, f"dpo.beta={p.beta} must be > 0")
-        _need(p.nll_coef >= 0, f"dpo.nll_coef={p.nll_coef} must be >= 0")
-        _need(0 <= p.label_smoothing < 0.5, f"dpo.label_smoothing={p.label_smoothing} must be in [0, 0.5)")
-        _need(p.label_smoothing == 0 or p.loss_type == "sigmoid", "dpo.label_smoothing applies to loss_type=sigmoid only")
+        need(p.loss_type in DPO_LOSS_TYPES, f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(DPO_LOSS_TYPES)}")
+        need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
+        need(p.beta > 0, f"dpo.beta={p.beta} must be > 0")
+        need(p.nll_coef >= 0, f"dpo.nll_coef={p.nll_coef} must be >= 0")
+        need(0 <= p.label_smoothing < 0.5, f"dpo.label_smoothing={p.label_smoothing} must be in [0, 0.5)")
+        need(p.label_smoothing == 0 or p.loss_type == "sigmoid", "dpo.label_smoothing applies to loss_type=sigmoid only")
         if p.ref_model_path:
             check_model_path(p.ref_model_path, "dpo.ref_model_path")
-    for f in files:
-        _need(Path(f).exists(), f"data file {f!r} does not exist")
-    _need(d.overlong in ("error", "skip"), f"data.overlong={d.overlong!r}: error or skip")
-    _need(0 <= d.val_fraction < 1, f"data.val_fraction={d.val_fraction} must be in [0, 1)")
-    _need(o.lr_schedule in ("constant", "cosine", "linear"), f"optim.lr_schedule={o.lr_schedule!r}: constant, cosine or linear")
-    _need(d.batch_size > 0 and o.micro_batch_size > 0, "data.batch_size and optim.micro_batch_size must be > 0")
-    _need(d.max_length > 1, f"data.max_length={d.max_length} must be > 1")
-    _need(o.total_steps > 0 or o.epochs > 0, "set optim.total_steps > 0 or optim.epochs > 0")
-    cfg.derived["device"] = resolve_device(cfg.trainer.device)
-    cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
+    check_choice(d.overlong, PREF_OVERLONG, "data.overlong")
+    need(0 <= d.val_fraction < 1, f"data.val_fraction={d.val_fraction} must be in [0, 1)")
     if num_train_pairs is not None:
-        _need(num_train_pairs >= d.batch_size,
-              f"only {num_train_pairs} training pairs, fewer than data.batch_size={d.batch_size}")
-        cfg.derived["total_steps"] = o.total_steps or max(1, int(o.epochs * num_train_pairs / d.batch_size))
+        need(num_train_pairs >= d.batch_size,
+             f"only {num_train_pairs} training pairs, fewer than data.batch_size={d.batch_size}")
+    validate_supervised(cfg, num_train_pairs)
     return cfg

@@ -1,14 +1,14 @@
 """Typed configuration: one dataclass per component, every field with a default and a docstring.
 
 Presets (reinforge/config/presets/*.yaml) and the command line only override these defaults;
-`reinforge.config.load.validate` derives and checks everything in one place before a model loads.
+`reinforge.config.validate.validate` derives and checks everything in one place before a model loads.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Optional
 
-from reinforge.config.common import AdamWConfig, RootConfig
+from reinforge.config.common import AdamWConfig, RootConfig, RunConfig
 
 
 @dataclass
@@ -205,39 +205,23 @@ class RewardConfig:
 
 
 @dataclass
-class TrainerConfig:
+class TrainerConfig(RunConfig):
+    """The run section (directory, seed, device, checkpoints, validation, logging, export of the
+    actor) plus the RL loop's own keys."""
+    run_dir: str = "runs/default"
+    """Run directory: config, metrics, checkpoints, export, report."""
     total_steps: int = 20
     """Training steps (one rollout batch each)."""
-    seed: int = 1
-    """Global seed (torch, numpy, random)."""
-    device: str = "auto"
-    """cpu, cuda or auto."""
     backend: str = "local"
     """local (workers in this process) or ray."""
     nnodes: int = 1
     """Ray: nodes."""
     devices_per_node: int = 1
     """Ray: data-parallel workers per node."""
-    run_dir: str = "runs/default"
-    """Run directory: config, metrics, checkpoints, export, report."""
-    save_every: int = 0
-    """Checkpoint every k steps (0: only at the end)."""
-    keep_last: int = 2
-    """Checkpoints kept on disk."""
-    val_every: int = 0
-    """Validate every k steps (0: only before and after training)."""
-    val_before_train: bool = True
-    """Validate once before the first step."""
     pass_k: list = field(default_factory=lambda: [1, 4])
     """k values of the unbiased pass@k estimator in validation."""
-    loggers: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
-    """console, jsonl, tensorboard, wandb, mlflow."""
-    export_hf: bool = True
-    """Write the final actor as a from_pretrained-loadable folder in run_dir/hf."""
     report: bool = True
     """Render the run report (plots + HTML) at the end."""
-    progress: bool = True
-    """Show a progress bar."""
 
 
 @dataclass

@@ -7,12 +7,12 @@ place before any model loads.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Optional
 
-from reinforge.config.load import ConfigError
 from reinforge.config.common import OptimConfig, RootConfig, RunConfig
 from reinforge.config.schema import ModelConfig
+from reinforge.config.validate import check_choice, check_data_files, check_model_path, validate_supervised
+from reinforge.data.sft import SFT_OVERLONG
 
 
 @dataclass
@@ -85,29 +85,11 @@ class SFTConfig(RootConfig):
     """Filled by validate_sft(): values computed from the others (not for users to set)."""
 
 
-
-def _need(cond: bool, msg: str) -> None:
-    if not cond:
-        raise ConfigError(msg)
-
-
 def validate_sft(cfg: SFTConfig, num_train_examples: Optional[int] = None) -> SFTConfig:
     """Check `cfg` and fill `cfg.derived` (device; total_steps once the data size is known)."""
-    from reinforge.config.validate import check_model_path, resolve_device
-
-    d, o = cfg.data, cfg.optim
+    d = cfg.data
     check_model_path(cfg.model.path, "model.path")
-    _need(bool(d.train_files), "data.train_files is empty: give at least one parquet/JSONL file")
-    for f in list(d.train_files) + list(d.val_files) + list(cfg.eval.prompt_files):
-        _need(Path(f).exists(), f"data file {f!r} does not exist")
-    _need(d.overlong in ("error", "skip", "truncate_right"), f"data.overlong={d.overlong!r}: error, skip or truncate_right")
-    _need(o.lr_schedule in ("constant", "cosine", "linear"), f"optim.lr_schedule={o.lr_schedule!r}: constant, cosine or linear")
-    _need(d.batch_size > 0 and o.micro_batch_size > 0, "data.batch_size and optim.micro_batch_size must be > 0")
-    _need(d.max_length > 1, f"data.max_length={d.max_length} must be > 1")
-    _need(o.total_steps > 0 or o.epochs > 0, "set optim.total_steps > 0 or optim.epochs > 0")
-    cfg.derived["device"] = resolve_device(cfg.trainer.device)
-    cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
-    if num_train_examples is not None:
-        steps = o.total_steps or max(1, int(o.epochs * num_train_examples / d.batch_size))
-        cfg.derived["total_steps"] = steps
+    check_data_files(d.train_files, list(d.val_files) + list(cfg.eval.prompt_files))
+    check_choice(d.overlong, SFT_OVERLONG, "data.overlong")
+    validate_supervised(cfg, num_train_examples)
     return cfg

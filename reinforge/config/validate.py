@@ -1,4 +1,5 @@
-"""Derive and check an RL config in one place, before any model loads.
+"""Derive and check a config in one place, before any model loads: `validate` for RL, and the
+checks the supervised trainers (SFT, DPO, RM) share.
 
 Each rule fails with one ConfigError naming the keys involved and the rule broken.
 """
@@ -6,19 +7,37 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Optional, Sequence
 
+from reinforge.config.common import AdamWConfig
 from reinforge.config.load import ConfigError
 from reinforge.config.schema import RLConfig
+from reinforge.data.rl_dataset import OVERLONG_POLICIES
+
+LR_SCHEDULES = ("constant", "cosine", "linear")
 
 
-def _need(cond: bool, msg: str) -> None:
+def need(cond: bool, msg: str) -> None:
+    """Raise ConfigError(msg) unless `cond` holds."""
     if not cond:
         raise ConfigError(msg)
 
 
-def _check_name(value: str, valid, key: str) -> None:
+def check_name(value: str, valid, key: str) -> None:
+    """`value` must be one of the registry names `valid` (message lists them sorted)."""
     if value not in valid:
         raise ConfigError(f"{key}={value!r} is not known; valid: {sorted(valid)}")
+
+
+def check_choice(value: str, valid: Sequence[str], key: str) -> None:
+    """`value` must be one of `valid`; the message spells them out: "key='x': a, b or c"."""
+    spelled = ", ".join(valid[:-1]) + " or " + valid[-1] if len(valid) > 1 else valid[0]
+    need(value in valid, f"{key}={value!r}: {spelled}")
+
+
+def check_adamw(o: AdamWConfig, section: str) -> None:
+    """The AdamW settings every optimizer section shares (actor, critic, SFT/DPO/RM optim)."""
+    check_choice(o.lr_schedule, LR_SCHEDULES, f"{section}.lr_schedule")
 
 
 def resolve_device(device: str) -> str:
@@ -39,9 +58,9 @@ def model_max_positions(model_path: str) -> int | None:
 
 
 def check_model_path(path: str, key: str) -> None:
-    _need(bool(path), f"{key} is required (a local Hugging Face model folder)")
-    _need(Path(path).is_dir(), f"{key}={path!r}: no such folder")
-    _need((Path(path) / "config.json").exists(), f"{key}={path!r}: not a Hugging Face model folder (no config.json)")
+    need(bool(path), f"{key} is required (a local Hugging Face model folder)")
+    need(Path(path).is_dir(), f"{key}={path!r}: no such folder")
+    need((Path(path) / "config.json").exists(), f"{key}={path!r}: not a Hugging Face model folder (no config.json)")
 
 
 def check_batch_sizes(batch: int, mini: int, micro: int, section: str) -> tuple[int, int]:
@@ -49,11 +68,34 @@ def check_batch_sizes(batch: int, mini: int, micro: int, section: str) -> tuple[
     micro-batch larger than the mini-batch is capped to it."""
     mini = mini or batch
     micro = min(micro, mini)
-    _need(mini > 0 and batch % mini == 0,
-          f"{section}.mini_batch_size={mini} must divide the batch of data.train_batch_size * rollout.n = {batch}")
-    _need(micro > 0 and mini % micro == 0,
-          f"{section}.micro_batch_size={micro} must divide {section}.mini_batch_size={mini}")
+    need(mini > 0 and batch % mini == 0,
+         f"{section}.mini_batch_size={mini} must divide the batch of data.train_batch_size * rollout.n = {batch}")
+    need(micro > 0 and mini % micro == 0,
+         f"{section}.micro_batch_size={micro} must divide {section}.mini_batch_size={mini}")
     return mini, micro
+
+
+def check_data_files(train_files: Sequence[str], other_files: Sequence[str] = (),
+                     kind: str = "parquet/JSONL file") -> None:
+    """data.train_files must be non-empty, and every file (training and others) must exist."""
+    need(bool(train_files), f"data.train_files is empty: give at least one {kind}")
+    for f in list(train_files) + list(other_files):
+        need(Path(f).exists(), f"data file {f!r} does not exist")
+
+
+def validate_supervised(cfg, num_train_examples: Optional[int] = None) -> None:
+    """The checks and derived values SFT, DPO and RM share, after their own checks: the optim
+    section, batch sizes, max_length and step budget; fills cfg.derived with device,
+    micro_batch_size and (once the data size is known) total_steps."""
+    d, o = cfg.data, cfg.optim
+    check_adamw(o, "optim")
+    need(d.batch_size > 0 and o.micro_batch_size > 0, "data.batch_size and optim.micro_batch_size must be > 0")
+    need(d.max_length > 1, f"data.max_length={d.max_length} must be > 1")
+    need(o.total_steps > 0 or o.epochs > 0, "set optim.total_steps > 0 or optim.epochs > 0")
+    cfg.derived["device"] = resolve_device(cfg.trainer.device)
+    cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
+    if num_train_examples is not None:
+        cfg.derived["total_steps"] = o.total_steps or max(1, int(o.epochs * num_train_examples / d.batch_size))
 
 
 def validate(cfg: RLConfig) -> RLConfig:
@@ -62,37 +104,40 @@ def validate(cfg: RLConfig) -> RLConfig:
 
     a, r, act, crit = cfg.algorithm, cfg.rollout, cfg.actor, cfg.critic
     check_model_path(cfg.model.path, "model.path")
-    _need(bool(cfg.data.train_files), "data.train_files is empty: give at least one parquet/JSONL file")
-    for f in list(cfg.data.train_files) + list(cfg.data.val_files):
-        _need(Path(f).exists(), f"data file {f!r} does not exist")
-    _check_name(a.adv_estimator, advantages.ADVANTAGE_ESTIMATORS, "algorithm.adv_estimator")
-    _check_name(act.policy_loss, policy_loss.POLICY_LOSSES, "actor.policy_loss")
-    _check_name(act.loss_agg_mode, aggregation.AGG_MODES, "actor.loss_agg_mode")
-    _check_name(crit.loss_agg_mode, aggregation.AGG_MODES, "critic.loss_agg_mode")
-    _check_name(act.kl_loss_type, kl.KL_ESTIMATORS, "actor.kl_loss_type")
-    _check_name(a.kl_penalty, kl.KL_ESTIMATORS, "algorithm.kl_penalty")
-    _check_name(a.kl_ctrl, ("fixed", "adaptive"), "algorithm.kl_ctrl")
-    _check_name(r.backend, ("hf", "vllm"), "rollout.backend")
-    _check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
-    _check_name(cfg.data.overlong_prompt, ("error", "skip", "truncate_left"), "data.overlong_prompt")
-    _need(r.n >= 1, f"rollout.n={r.n} must be >= 1")
+    check_data_files(cfg.data.train_files, cfg.data.val_files)
+    check_name(a.adv_estimator, advantages.ADVANTAGE_ESTIMATORS, "algorithm.adv_estimator")
+    check_name(act.policy_loss, policy_loss.POLICY_LOSSES, "actor.policy_loss")
+    check_name(act.loss_agg_mode, aggregation.AGG_MODES, "actor.loss_agg_mode")
+    check_name(crit.loss_agg_mode, aggregation.AGG_MODES, "critic.loss_agg_mode")
+    check_name(act.kl_loss_type, kl.KL_ESTIMATORS, "actor.kl_loss_type")
+    check_name(a.kl_penalty, kl.KL_ESTIMATORS, "algorithm.kl_penalty")
+    for key, name in (("actor.kl_loss_type", act.kl_loss_type), ("algorithm.kl_penalty", a.kl_penalty)):
+        # kl_penalty(..., "full") takes (B, T, V) log-prob rows; the trainer holds (B, T).
+        need(name != "full", f"{key}='full' needs log-probs over the whole vocabulary; the trainer has the "
+                             f"sampled tokens' only: use k1, k2, k3, abs, k1+ or k3+")
+    check_name(a.kl_ctrl, kl.KL_CONTROLLERS, "algorithm.kl_ctrl")
+    check_name(r.backend, ("hf", "vllm"), "rollout.backend")
+    check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
+    check_name(cfg.data.overlong_prompt, OVERLONG_POLICIES, "data.overlong_prompt")
+    need(r.n >= 1, f"rollout.n={r.n} must be >= 1")
     if a.adv_estimator in advantages.NEEDS_GROUPS:
-        _need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "
-                        f"rollout.n={r.n} must be >= 2")
-    _need(not a.dynamic_sampling or r.n >= 2,
-          f"algorithm.dynamic_sampling keeps groups whose rewards differ: rollout.n={r.n} must be >= 2")
-    _need(0 <= a.overlong_buffer_len < r.max_response_length,
-          f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be in [0, rollout.max_response_length="
-          f"{r.max_response_length})")
-    _need(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (greedy is used for validation)")
-    _need(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
-    _need(act.clip_low >= 0 and act.clip_high >= 0, "actor.clip_low and actor.clip_high must be >= 0")
-    _need(act.clip_c is None or act.clip_c > 1, f"actor.clip_c={act.clip_c} must be > 1 (dual clip) or null")
+        need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "
+                       f"rollout.n={r.n} must be >= 2")
+    need(not a.dynamic_sampling or r.n >= 2,
+         f"algorithm.dynamic_sampling keeps groups whose rewards differ: rollout.n={r.n} must be >= 2")
+    need(0 <= a.overlong_buffer_len < r.max_response_length,
+         f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be in [0, rollout.max_response_length="
+         f"{r.max_response_length})")
+    need(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (greedy is used for validation)")
+    need(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
+    need(act.clip_low >= 0 and act.clip_high >= 0, "actor.clip_low and actor.clip_high must be >= 0")
+    need(act.clip_c is None or act.clip_c > 1, f"actor.clip_c={act.clip_c} must be > 1 (dual clip) or null")
+    check_adamw(act, "actor")
     max_pos = model_max_positions(cfg.model.path)
     total = cfg.data.max_prompt_length + r.max_response_length
-    _need(max_pos is None or total <= max_pos,
-          f"data.max_prompt_length + rollout.max_response_length = {total} exceeds the model's "
-          f"max_position_embeddings = {max_pos}")
+    need(max_pos is None or total <= max_pos,
+         f"data.max_prompt_length + rollout.max_response_length = {total} exceeds the model's "
+         f"max_position_embeddings = {max_pos}")
     batch = cfg.data.train_batch_size * r.n
     d = cfg.derived
     d["batch_size"] = batch
@@ -102,6 +147,7 @@ def validate(cfg: RLConfig) -> RLConfig:
     if d["critic_enabled"]:
         d["critic_mini_batch_size"], d["critic_micro_batch_size"] = check_batch_sizes(
             batch, crit.mini_batch_size, crit.micro_batch_size, "critic")
+        check_adamw(crit, "critic")
         if crit.model_path:
             check_model_path(crit.model_path, "critic.model_path")
     d["reference_enabled"] = bool(act.use_kl_loss or a.use_kl_in_reward)
@@ -111,6 +157,6 @@ def validate(cfg: RLConfig) -> RLConfig:
         from reinforge.workers.rollout import check_vllm_available
 
         check_vllm_available(d["device"])
-    _need(bool(cfg.reward.functions) or cfg.reward.reward_model_path,
-          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
+    need(bool(cfg.reward.functions) or cfg.reward.reward_model_path,
+         "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
     return cfg
