@@ -245,7 +245,7 @@ def main() -> None:
         print("| " + " | ".join(r) + " |")
     print()
     print(f"torch {torch.__version__}, {torch.get_num_threads()} threads; times are medians of repeats "
-          f"(loops: fewer repeats) after one warm-up.")
+          f"(loops: fewer repeats) after one warm-up, except the fused row: one cold run (no warm-up, no repeats).")
     print(f"Memory: each variant runs fwd+bwd once in a fresh subprocess after a tiny warm-up; peak extra = "
           f"peak RSS (VmHWM, reset after the inputs are built) - RSS after allocating the inputs - the gradient buffers autograd returns "
           f"(logits.grad; for fused hidden.grad + weight.grad), as % of the (N, V) fp32 logits "

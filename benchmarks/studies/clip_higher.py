@@ -2,7 +2,12 @@
 
 DAPO's claim: raising the upper clip lets low-probability tokens grow, slowing entropy
 collapse. One command: `python benchmarks/studies/clip_higher.py [--steps 40]`; writes
-benchmarks/studies/out/clip_higher/{entropy.png, summary.md}.
+benchmarks/studies/out/clip_higher/{entropy.png, clipfrac.png, summary.md}.
+
+Clip metrics (reinforge/algos/policy_loss.py, ppo_clip): actor/pg_clipfrac is the share of tokens
+clipped at the bound that binds for their advantage sign (upper with A > 0, lower with A < 0),
+so both bounds together; actor/pg_clipfrac_lower is the dual-clip fraction (actor.clip_c), which
+this study never sets, so it is 0.
 """
 from __future__ import annotations
 
@@ -30,11 +35,11 @@ def main() -> None:
     arms = {name: run_arm(f"arm_{i}", "grpo", shared + o, base, paths, out) for i, (name, o) in enumerate(ARMS.items())}
     plot(arms, "actor/entropy", "Policy entropy: symmetric clip vs clip-higher", "entropy (nats / token)",
          out / "entropy.png")
-    plot(arms, "actor/pg_clipfrac", "Upper clip fraction", "fraction of tokens", out / "clipfrac.png")
+    plot(arms, "actor/pg_clipfrac", "Clip fraction (either bound, pg_clipfrac)", "fraction of tokens", out / "clipfrac.png")
     rows = [[n, window_mean(r, "actor/entropy", first=5), window_mean(r, "actor/entropy", last=5),
              window_mean(r, "actor/pg_clipfrac"), window_mean(r, "actor/pg_clipfrac_lower"), final_val(r)]
             for n, r in arms.items()]
-    md = table(["arm", "entropy first 5 steps", "entropy last 5 steps", "mean upper clipfrac", "mean lower clipfrac",
+    md = table(["arm", "entropy first 5 steps", "entropy last 5 steps", "mean clipfrac (either bound)", "mean dual-clip frac",
                 "final greedy acc"], rows)
     (out / "summary.md").write_text(md + "\n")
     print(md)

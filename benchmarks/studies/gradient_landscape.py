@@ -18,9 +18,19 @@ from pathlib import Path
 
 import torch
 
-from common import get_base, table  # noqa: E402
+from common import ROOT, get_base, table  # noqa: E402
 
 STEPS = [0.0, 0.003, 0.01, 0.03, 0.1]
+# (benchmarks/demo_tuning/README.md's landscape table came from an earlier, uncommitted version
+# with another grid: 0.002, 0.005, 0.3 and negative steps.)
+
+
+def _shown(path: Path) -> str:
+    """The base folder as written in summary.md: relative to the repository root when inside it."""
+    try:
+        return str(Path(path).resolve().relative_to(ROOT))
+    except ValueError:
+        return str(path)
 
 
 def policy_gradient(trainer, batch, which: str) -> dict[str, torch.Tensor]:
@@ -55,7 +65,7 @@ def main() -> None:
     base, paths = get_base(out)
     base = Path(args.base) if args.base else base
     cfg = load_config(RLConfig, "grpo", [
-        f"model.path={base}", f"data.train_files=[{paths['train']}]", f"trainer.run_dir={Path(__file__).resolve().parents[2] / 'runs' / 'studies' / 'gradient_landscape'}",
+        f"model.path={base}", f"data.train_files=[{paths['train']}]", f"trainer.run_dir={ROOT / 'runs' / 'studies' / 'gradient_landscape'}",
         "data.train_batch_size=128", "rollout.n=8", "actor.micro_batch_size=256", "trainer.loggers=[]",
         "actor.use_kl_loss=false", "actor.loss_agg_mode=token-mean", "data.max_prompt_length=16",
         "rollout.max_response_length=8", "reward.functions=[{name: arithmetic}]"])
@@ -86,7 +96,7 @@ def main() -> None:
         print(rows[-1], flush=True)
     md = table(["gradient of"] + [f"step {s}" for s in STEPS], rows)
     md = (f"Sampled reward (mean of 8 samples x {len(items)} in-sample prompts) after a step of the given L2 norm "
-          f"along the normalised GRPO gradient, base {base}.\n\n" + md)
+          f"along the normalised GRPO gradient, base {_shown(base)}.\n\n" + md)
     (out / "summary.md").write_text(md + "\n")
     print(md)
 

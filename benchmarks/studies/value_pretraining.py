@@ -5,6 +5,11 @@ VAPO's claim: a critic initialised from the policy is biased, giving early token
 advantages (positive correlation with position reversed), which drives responses shorter;
 pretraining the critic on Monte-Carlo returns of the fixed policy removes the bias.
 
+Confound: the arms differ in two ways. The pretraining arm also sets algorithm.lam_critic=1.0,
+so in its PPO steps the critic's returns use GAE lambda 1.0 (VAPO's decoupled GAE), while the
+control's critic uses lambda 0.95 (lam_critic unset = algorithm.lam). The actor's lambda is 0.95
+in both. A difference between the arms does not isolate value pretraining.
+
 `python benchmarks/studies/value_pretraining.py [--steps 40 --pretrain 20]`; writes
 benchmarks/studies/out/value_pretraining/{adv_position.png, length.png, summary.md}.
 """
