@@ -16,14 +16,7 @@ from reinforge.trainers import dpo as dpo_module
 from reinforge.trainers.dpo import DPOTrainer
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """On a shared 2-core machine two intra-op threads spin-wait on each other; for this tiny
-    model one thread is ~30x faster (measured: 12 DPO steps 42 s -> 1.3 s)."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 def _overrides(model_dir: str, prefs: str, run_dir, **extra) -> list[str]:
@@ -100,13 +93,30 @@ def test_cached_reference_equals_live(tiny_model_dir, small_prefs, tmp_path, mon
     assert torch.equal(again.ref_cache["train"], cached.ref_cache["train"])
 
 
-@pytest.mark.parametrize("extra", [{"dpo.loss_type": "ipo"}, {"dpo.loss_type": "hinge"},
-                                   {"dpo.reduction": "mean", "dpo.label_smoothing": 0.1, "dpo.nll_coef": 0.5}])
-def test_loss_variants_run(tiny_model_dir, small_prefs, tmp_path, extra):
+# At step 1 the policy is the reference, so z = 0 and (with beta = 0.5 from _overrides):
+#   ipo (z - 1/(2 beta))^2 = 1/(4 beta^2) = 1;  hinge relu(1 - beta z) = 1;
+#   sigmoid with label smoothing ls: -(1 - ls) log sigma(0) - ls log sigma(0) = log 2, plus
+#   nll_coef x the chosen responses' mean per-token NLL (logged as nll/chosen).
+@pytest.mark.parametrize("extra, step1_loss", [
+    ({"dpo.loss_type": "ipo"}, lambda row: 1 / (4 * 0.5 ** 2)),
+    ({"dpo.loss_type": "hinge"}, lambda row: 1.0),
+    ({"dpo.reduction": "mean", "dpo.label_smoothing": 0.1, "dpo.nll_coef": 0.5},
+     lambda row: math.log(2) + 0.5 * row["nll/chosen"]),
+], ids=["ipo", "hinge", "sigmoid-mean-ls-nll"])
+def test_loss_variants_run(tiny_model_dir, small_prefs, tmp_path, extra, step1_loss):
     trainer = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(
         tiny_model_dir, small_prefs, tmp_path, **{"optim.total_steps": 2, **extra})))
+    assert trainer.cfg.dpo.beta == 0.5
     final = trainer.fit()
     assert math.isfinite(final["loss"]) and final["grad_norm"] > 0
+    first = [r for r in _rows(tmp_path) if r["step"] == 1][0]
+    for key in ("rewards/margins", "rewards/chosen", "rewards/rejected"):  # policy == reference
+        assert first[key] == pytest.approx(0.0, abs=1e-6), (key, first[key])
+    if "dpo.nll_coef" in extra:
+        assert first["nll/chosen"] > 0
+    else:
+        assert "nll/chosen" not in first
+    assert first["loss"] == pytest.approx(step1_loss(first), abs=1e-5), first
 
 
 def test_resume_equals_uninterrupted(tiny_model_dir, small_prefs, tmp_path):

@@ -9,14 +9,26 @@ import math
 import pytest
 import torch
 
-from reinforge.config.load import load_config
+from reinforge.config.load import list_presets, load_config
 from reinforge.config.schema import RLConfig
 from reinforge.protocol import Batch
 from reinforge.trainers import stages
 from reinforge.trainers.rl import RLTrainer
 from tests.conftest import rl_overrides
 
-PRESETS = ["ppo", "grpo", "dapo", "gspo", "drgrpo", "vapo", "rloo", "reinforce_pp", "reinforce_pp_baseline", "remax"]
+# Every RL algorithm preset, so a new one is covered automatically. Left out: the SFT, DPO and
+# reward-model presets (not RL), and the demo presets (sized for `reinforge demo`, which
+# tests/test_demo.py runs).
+NON_RL_PREFIXES = ("sft", "dpo", "rm", "demo_")
+PRESETS = [p for p in list_presets() if not p.startswith(NON_RL_PREFIXES)]
+
+
+def test_preset_list_covers_the_rl_algorithms():
+    """The derived list drops no known algorithm and holds only presets that load as RL configs."""
+    assert {"ppo", "grpo", "dapo", "gspo", "drgrpo", "vapo", "rloo", "reinforce_pp", "reinforce_pp_baseline",
+            "remax"} <= set(PRESETS), PRESETS
+    for name in PRESETS:
+        assert isinstance(load_config(RLConfig, name), RLConfig), name
 
 
 def _run(preset, tiny_model_dir, arith_data, run_dir, **extra):

@@ -89,19 +89,30 @@ def test_resume_is_bit_exact(tiny_model_dir, arith_data, tmp_path):
 
 
 def test_micro_batches_accumulate_exactly(tiny_model_dir, arith_data, tmp_path):
-    """One update with micro-batch 16 (= mini-batch) and with micro-batch 2 give the same weights."""
-    results = []
+    """Two updates (2 epochs over one mini-batch) with micro-batch 16 (= mini-batch) and with
+    micro-batch 2 give the same weights, grad norm and losses. (At the first update the ratio is 1
+    and GRPO's group-centred advantages make the seq-mean pg_loss and the KL loss 0; the second
+    epoch makes both non-zero.)"""
+    results, rows = [], []
     for micro in (16, 2):
         cfg = load_config(RLConfig, "grpo", rl_overrides(
             tiny_model_dir, arith_data, str(tmp_path / f"m{micro}"),
             **{"trainer.total_steps": 1, "actor.micro_batch_size": micro, "actor.mini_batch_size": 16,
-               "actor.loss_agg_mode": "seq-mean-token-mean", "trainer.val_before_train": False,
-               "data.val_files": "[]", "trainer.export_hf": False}))
+               "actor.ppo_epochs": 2, "actor.loss_agg_mode": "seq-mean-token-mean",
+               "trainer.val_before_train": False, "data.val_files": "[]", "trainer.export_hf": False}))
         t = RLTrainer(cfg)
         t.fit()
         results.append({k: v.detach().clone() for k, v in t.actor_model.state_dict().items()})
+        rows.append([r for r in _metrics(tmp_path / f"m{micro}") if r["step"] == 1][0])
     for k in results[0]:
         assert torch.allclose(results[0][k], results[1][k], atol=1e-6, rtol=0), k
+    # Adam(W) is invariant to a constant gradient scale, so equal weights do not rule out a
+    # micro-batch arm whose loss or gradient is off by a factor: the pre-clip grad norm and the
+    # summed micro-batch losses must agree as well.
+    assert rows[0]["actor/grad_norm"] > 0 and rows[0]["actor/pg_loss"] != 0
+    for key in ("actor/grad_norm", "actor/pg_loss", "actor/kl_loss"):
+        a, b = rows[0][key], rows[1][key]
+        assert abs(a - b) <= 1e-5 * max(abs(a), 1e-3), (key, a, b)
 
 
 def test_bad_inputs_exit_nonzero(tiny_model_dir, arith_data, tmp_path, capsys):

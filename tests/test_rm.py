@@ -16,13 +16,7 @@ from reinforge.trainers.preference_common import pair_tensors
 from reinforge.trainers.rm import RMTrainer, sequence_rewards
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Two intra-op threads spin-wait on each other on a shared 2-core machine; one is far faster here."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one intra-op thread
 
 
 def _easy_pairs(path, n: int, seed: int) -> str:

@@ -75,13 +75,19 @@ def test_packing_matches_unpacked(tiny_model_dir, arith_data, tmp_path):
 
 
 def test_micro_batches_accumulate_exactly(tiny_model_dir, arith_data, tmp_path):
-    w = []
+    w, m = [], []
     for micro in (16, 4):
         t = SFTTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / str(micro), **{"optim.micro_batch_size": micro}))
-        t.step()
+        m.append(t.step())
         w.append(_weights(t.model))
     for k in w[0]:
         torch.testing.assert_close(w[0][k], w[1][k], rtol=1e-4, atol=1e-6)
+    # AdamW's update is invariant to a constant gradient scale, so the weights alone would miss
+    # a micro-batch arm whose loss or gradient is off by a factor: the pre-clip grad norm and the
+    # logged loss must agree too.
+    assert m[0]["train/grad_norm"] > 0
+    for key in ("train/loss", "train/grad_norm", "train/tokens"):
+        assert m[1][key] == pytest.approx(m[0][key], rel=1e-5), (key, m[0][key], m[1][key])
 
 
 @pytest.mark.parametrize("packing", [False, True])

@@ -48,6 +48,8 @@ def test_actor_applies_tis_weights(tiny_model_dir):
     assert abs(m_plain["actor/pg_loss"] - m_same["actor/pg_loss"]) < 1e-7
     assert m_same["rollout_corr/tis_weight_mean"] == 1.0 and m_gap["rollout_corr/tis_clip_frac"] == 0.0
     assert abs(m_gap["rollout_corr/logprob_gap_abs_mean"] - 0.5) < 1e-5
+    # Every response token has old - rollout = 0.5, below log(cap): each weight is exp(0.5).
+    assert abs(m_gap["rollout_corr/tis_weight_mean"] - math.exp(0.5)) < 1e-5
 
 
 def _with(batch, rollout_lp):

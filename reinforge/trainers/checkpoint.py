@@ -18,8 +18,6 @@ import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
-from reinforge.seeding import seed_everything  # noqa: F401  (re-exported: trainers import it from here)
-
 STEP_RE = re.compile(r"^step_(\d+)$")
 
 

@@ -27,9 +27,21 @@ def test_hand_computed():
 
 
 def test_k3_clamps():
-    lp, ref = torch.tensor([0.0, 0.0]), torch.tensor([-100.0, 100.0])
+    lp = torch.tensor([0.0, 0.0, 0.0], requires_grad=True)
+    ref = torch.tensor([-100.0, 100.0, -1.0])
     out = kl_penalty(lp, ref, "k3")
-    assert torch.isfinite(out).all() and out.max() <= 10 and out.min() >= -10
+    # log(pi_ref/pi) = -100 and 100 are clamped to -/+20, then k3 (19 and e^20 - 21) to 10; -1 is
+    # in range: e^-1 + 1 - 1.
+    assert torch.equal(out[:2].detach(), torch.tensor([10.0, 10.0]))
+    assert out[2].item() == pytest.approx(math.exp(-1.0), abs=1e-7)
+    # The forward value would be the same without the log-ratio clamp (the result clamp hides
+    # exp(100) = inf), but the backward would not: d/dx exp(x) = inf times the result clamp's
+    # zero gradient is NaN. With the clamps the saturated tokens get a zero gradient, and the
+    # in-range token d/dlp [exp(ref - lp) - (ref - lp) - 1] = 1 - exp(ref - lp).
+    (g,) = torch.autograd.grad(out.sum(), lp)
+    assert torch.isfinite(g).all(), g
+    assert g[0].item() == 0.0 and g[1].item() == 0.0
+    assert g[2].item() == pytest.approx(1 - math.exp(-1.0), abs=1e-6)
 
 
 @pytest.mark.parametrize("name,base", [("k1+", "k1"), ("k3+", "k3")])

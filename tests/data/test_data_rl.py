@@ -6,16 +6,7 @@ import pytest
 
 from reinforge.data import DataError, PromptLoader, RLDataset, load_rows, write_rows
 from reinforge.tasks import build_char_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-def _jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+from tests.data.conftest import write_jsonl
 
 
 def test_verl_parquet_schema(tmp_path, tok):
@@ -34,7 +25,7 @@ def test_verl_parquet_schema(tmp_path, tok):
 
 
 def test_trl_jsonl_text_prompt_and_answer_column(tmp_path, tok):
-    path = _jsonl(tmp_path / "t.jsonl", [{"prompt": "3+4=", "answer": "7", "level": 2}])
+    path = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "3+4=", "answer": "7", "level": 2}])
     item = RLDataset(path, tok, max_prompt_length=8)[0]
     assert item["prompt_text"] == "3+4=" and item["ground_truth"] == "7"
     assert item["extra"] == {"level": 2, "data_source": "t"}  # file stem when no data_source column
@@ -43,7 +34,7 @@ def test_trl_jsonl_text_prompt_and_answer_column(tmp_path, tok):
 def test_messages_prompt_uses_chat_template(tmp_path, tok):
     tok2 = build_char_tokenizer()
     tok2.chat_template = "{% for m in messages %}[{{ m['role'] }}]{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}>{% endif %}"
-    path = _jsonl(tmp_path / "m.jsonl", [{"prompt": [{"role": "user", "content": "hi"}], "solution": "x"}])
+    path = write_jsonl(tmp_path / "m.jsonl", [{"prompt": [{"role": "user", "content": "hi"}], "solution": "x"}])
     assert RLDataset(path, tok2, max_prompt_length=32)[0]["prompt_text"] == "[user]hi>"
 
 
@@ -60,13 +51,13 @@ def test_messages_prompt_uses_chat_template(tmp_path, tok):
 )
 def test_malformed_row_names_file_row_field(tmp_path, tok, row, field, msg):
     good = {"prompt": "1+1=", "answer": "2"}
-    path = _jsonl(tmp_path / "bad.jsonl", [good, good, row])
+    path = write_jsonl(tmp_path / "bad.jsonl", [good, good, row])
     with pytest.raises(DataError, match=rf"bad\.jsonl: row 2: field '{field}': .*{msg}"):
         RLDataset(path, tok, max_prompt_length=8)
 
 
 def test_ground_truth_optional(tmp_path, tok):
-    path = _jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
+    path = write_jsonl(tmp_path / "p.jsonl", [{"prompt": "hello"}])
     assert RLDataset(path, tok, max_prompt_length=8, require_ground_truth=False)[0]["ground_truth"] is None
 
 
@@ -84,7 +75,8 @@ def test_load_rows_errors(tmp_path):
 
 
 def test_overlong_policies(tmp_path, tok):
-    path = _jsonl(tmp_path / "o.jsonl", [{"prompt": "1+1=", "answer": "2"}, {"prompt": "123456789+1=", "answer": "x"}])
+    path = write_jsonl(tmp_path / "o.jsonl", [{"prompt": "1+1=", "answer": "2"},
+                                              {"prompt": "123456789+1=", "answer": "x"}])
     with pytest.raises(DataError, match=r"o\.jsonl: row 1: field 'prompt': prompt has 12 tokens > max_prompt_length=6"):
         RLDataset(path, tok, max_prompt_length=6)
     skipped = RLDataset(path, tok, max_prompt_length=6, overlong_prompt="skip")
@@ -94,7 +86,7 @@ def test_overlong_policies(tmp_path, tok):
 
 
 def _dataset(tmp_path, tok, n):
-    return RLDataset(_jsonl(tmp_path / "d.jsonl", [{"prompt": f"{i}=", "answer": str(i)} for i in range(n)]),
+    return RLDataset(write_jsonl(tmp_path / "d.jsonl", [{"prompt": f"{i}=", "answer": str(i)} for i in range(n)]),
                      tok, max_prompt_length=8)
 
 

@@ -1,26 +1,15 @@
 """SFT loss masks and collation; preference-pair validation; GSM8K / MATH preprocessing."""
 
-import json
-
 import pytest
 
 from reinforge.data import (DataError, PreferenceDataset, RLDataset, SFTDataset, collate_preference, collate_sft,
                             load_rows, preprocess_gsm8k, preprocess_math)
 from reinforge.tasks import build_char_tokenizer
-
-
-@pytest.fixture(scope="module")
-def tok():
-    return build_char_tokenizer()
-
-
-def _jsonl(path, rows):
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return str(path)
+from tests.data.conftest import write_jsonl
 
 
 def test_sft_loss_mask_and_collate(tmp_path, tok):
-    path = _jsonl(tmp_path / "s.jsonl", [
+    path = write_jsonl(tmp_path / "s.jsonl", [
         {"prompt": "12+3=", "response": "15"},
         {"messages": [{"role": "user", "content": "1+1="}, {"role": "assistant", "content": "2"}]},
     ])
@@ -38,10 +27,11 @@ def test_sft_loss_mask_and_collate(tmp_path, tok):
 
 
 def test_sft_errors_and_overlong(tmp_path, tok):
-    bad = _jsonl(tmp_path / "s.jsonl", [{"prompt": "1=", "response": "1"}, {"prompt": "2="}])
+    bad = write_jsonl(tmp_path / "s.jsonl", [{"prompt": "1=", "response": "1"}, {"prompt": "2="}])
     with pytest.raises(DataError, match=r"s\.jsonl: row 1: field 'response': missing"):
         SFTDataset(bad, tok, max_length=16)
-    long = _jsonl(tmp_path / "l.jsonl", [{"prompt": "1=", "response": "1"}, {"prompt": "2=", "response": "2" * 20}])
+    long = write_jsonl(tmp_path / "l.jsonl", [{"prompt": "1=", "response": "1"},
+                                              {"prompt": "2=", "response": "2" * 20}])
     with pytest.raises(DataError, match=r"l\.jsonl: row 1: .*23 tokens > max_length=10"):
         SFTDataset(long, tok, max_length=10)
     assert SFTDataset(long, tok, max_length=10, overlong="skip").num_skipped == 1
@@ -50,7 +40,7 @@ def test_sft_errors_and_overlong(tmp_path, tok):
 
 
 def test_preferences(tmp_path, tok):
-    path = _jsonl(tmp_path / "p.jsonl", [
+    path = write_jsonl(tmp_path / "p.jsonl", [
         {"prompt": "1+1=", "chosen": "2", "rejected": "3"},
         {"prompt": [{"role": "user", "content": "2+2="}], "chosen": [{"role": "assistant", "content": "4"}],
          "rejected": [{"role": "assistant", "content": "5"}]},
@@ -74,13 +64,13 @@ def test_preferences(tmp_path, tok):
     ],
 )
 def test_preference_validation(tmp_path, tok, row, field, msg):
-    path = _jsonl(tmp_path / "prefs.jsonl", [{"prompt": "1=", "chosen": "1", "rejected": "2"}, row])
+    path = write_jsonl(tmp_path / "prefs.jsonl", [{"prompt": "1=", "chosen": "1", "rejected": "2"}, row])
     with pytest.raises(DataError, match=rf"prefs\.jsonl: row 1: field '{field}': .*{msg}"):
         PreferenceDataset(path, tok, max_length=16)
 
 
 def test_preprocess_gsm8k_and_math(tmp_path, tok):
-    raw = _jsonl(tmp_path / "gsm.jsonl", [
+    raw = write_jsonl(tmp_path / "gsm.jsonl", [
         {"question": "Tom has 3 apples and buys 4. How many?", "answer": "3+4=7\n#### 7"},
         {"question": "Big?", "answer": "so\n#### 1,234"},
     ])
@@ -92,7 +82,7 @@ def test_preprocess_gsm8k_and_math(tmp_path, tok):
     tok_chat = build_char_tokenizer()
     assert RLDataset(out, tok_chat, max_prompt_length=200)[1]["ground_truth"] == "1234"
 
-    raw = _jsonl(tmp_path / "math.jsonl", [
+    raw = write_jsonl(tmp_path / "math.jsonl", [
         {"problem": "Half?", "solution": "It is $\\boxed{\\frac{1}{2}}$.", "level": "Level 1"},
         {"problem": "Sq?", "solution": "First \\boxed{1}, finally \\boxed{x^{2}+\\sqrt{3}}"},
     ])
@@ -100,9 +90,9 @@ def test_preprocess_gsm8k_and_math(tmp_path, tok):
     assert [r["reward_model"]["ground_truth"] for r in rows] == ["\\frac{1}{2}", "x^{2}+\\sqrt{3}"]
     assert rows[0]["extra_info"]["level"] == "Level 1"
 
-    bad = _jsonl(tmp_path / "badmath.jsonl", [{"problem": "p", "solution": "\\boxed{1"}])
+    bad = write_jsonl(tmp_path / "badmath.jsonl", [{"problem": "p", "solution": "\\boxed{1"}])
     with pytest.raises(DataError, match=r"badmath\.jsonl: row 0: field 'solution'"):
         preprocess_math(bad, tmp_path / "o.parquet")
-    bad = _jsonl(tmp_path / "badgsm.jsonl", [{"question": "q", "answer": "no marker"}])
+    bad = write_jsonl(tmp_path / "badgsm.jsonl", [{"question": "q", "answer": "no marker"}])
     with pytest.raises(DataError, match=r"badgsm\.jsonl: row 0: field 'answer'"):
         preprocess_gsm8k(bad, tmp_path / "o.parquet")

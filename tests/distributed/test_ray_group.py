@@ -15,7 +15,7 @@ from reinforge.config.load import load_config  # noqa: E402
 from reinforge.config.schema import RLConfig  # noqa: E402
 from reinforge.config.validate import validate  # noqa: E402
 from reinforge.protocol import Batch  # noqa: E402
-from reinforge.trainers.checkpoint import seed_everything  # noqa: E402
+from reinforge.seeding import seed_everything  # noqa: E402
 from tests.conftest import rl_overrides  # noqa: E402
 
 TOL = 1e-5
@@ -92,6 +92,7 @@ def test_ray_backend_trains_and_resumes(ray_cluster, tiny_model_dir, arith_data,
     """A GRPO run through RLTrainer with 2 ranks; stopped after step 2 and resumed, it ends with
     the same weights as an uninterrupted 3-step run."""
     from safetensors.torch import load_file
+    from transformers import AutoModelForCausalLM
 
     from reinforge.trainers.rl import RLTrainer
 
@@ -102,7 +103,15 @@ def test_ray_backend_trains_and_resumes(ray_cluster, tiny_model_dir, arith_data,
 
     last = RLTrainer(cfg(tmp_path / "a", 3)).fit()
     assert torch.isfinite(torch.tensor(last["actor/pg_loss"])) and "actor/kl_loss" in last
+    assert last["actor/grad_norm"] > 0
     assert (tmp_path / "a" / "hf").exists()
+    # The run trained: its step-3 weights left the initial ones (else the resume check below
+    # would hold for a run that never updates).
+    base = AutoModelForCausalLM.from_pretrained(tiny_model_dir).state_dict()
+    step3 = load_file(str(tmp_path / "a" / "checkpoints" / "step_3" / "actor.safetensors"))
+    common = step3.keys() & base.keys()
+    assert len(common) == len(step3), sorted(step3.keys() - base.keys())
+    assert any(not torch.equal(step3[k], base[k]) for k in common), "no actor weight changed in 3 steps"
     RLTrainer(cfg(tmp_path / "b", 2)).fit()
     trainer = RLTrainer(cfg(tmp_path / "b", 3))
     trainer.fit(resume=True)

@@ -72,7 +72,7 @@ GT = json.dumps({"numbers": [3, 5, 2], "target": 16})
 @pytest.mark.parametrize(
     "response,expected",
     [
-        ("(3+5)*2", 1.0), (" 2*(5+3) ", 1.0), ("(3+5)*2", 1.0),
+        ("(3+5)*2", 1.0), (" 2*(5+3) ", 1.0),
         ("3+5*2", 0.0),  # 13
         ("(3+5)*2*1", 0.0),  # extra number
         ("8*2", 0.0),  # not the given numbers
