@@ -8,7 +8,8 @@ over ranks.
 
 The driver keeps an unsharded copy of each trained model (`driver_model`): generation with
 the HF rollout runs on it, checkpoints and the HF export read it. It is refreshed from the
-ranks after every update (rollout.sync_weights) and before every checkpoint (save_sharded).
+ranks after every update (rollout.sync_weights) and before every checkpoint (save_sharded),
+gathering the full weights only when an update happened since the last refresh.
 """
 from __future__ import annotations
 
@@ -29,23 +30,28 @@ class _TrainedRole:
 
     def __init__(self, group, driver_model):
         self.group, self.driver_model = group, driver_model
+        self.driver_current = True  # the driver copy equals the ranks' weights (no update since)
 
     def update(self, batch: Batch) -> dict[str, float]:
+        self.driver_current = False
         return self.group.run_same(self.role, "update", batch)[0]
 
     def pull_weights(self) -> None:
-        """Refresh the driver's unsharded copy from the ranks."""
-        _load(self.driver_model, self.group.run_all(self.role, "pull_weights")[0])
+        """Refresh the driver's unsharded copy from the ranks (a full gather: only when stale)."""
+        if not self.driver_current:
+            _load(self.driver_model, self.group.run_all(self.role, "pull_weights")[0])
+            self.driver_current = True
 
     def save_sharded(self, path) -> dict:
         """Each rank writes its model and optimizer shards under `path`; returns the rest of the
-        worker state and refreshes the driver model (the checkpoint's unsharded weights)."""
+        worker state, with the driver model current (the checkpoint's unsharded weights)."""
         state = self.group.run_all(self.role, "save_sharded", str(path))[0]
         self.pull_weights()
         return state
 
     def load_sharded(self, path, state: dict) -> None:
         self.group.run_all(self.role, "load_sharded", str(path), state)
+        self.driver_current = False  # the next sync re-reads what the ranks loaded
 
 
 class ActorProxy(_TrainedRole):
@@ -71,16 +77,17 @@ class ReferenceProxy:
 
 
 class SyncedRollout:
-    """The driver's rollout; `sync_weights` copies the trained actor from the ranks into it."""
+    """The driver's rollout; `sync_weights` brings the actor proxy's driver copy (the model the
+    rollout generates with) up to date with the ranks first."""
 
-    def __init__(self, rollout, group):
-        self.inner, self.group = rollout, group
+    def __init__(self, rollout, actor: ActorProxy):
+        self.inner, self.actor = rollout, actor
 
     def generate(self, prompts: Batch, **kwargs) -> Batch:
         return self.inner.generate(prompts, **kwargs)
 
     def sync_weights(self, actor_model) -> None:
-        _load(actor_model, self.group.run_all("actor", "pull_weights")[0])
+        self.actor.pull_weights()
         self.inner.sync_weights(actor_model)
 
     def __getattr__(self, name):

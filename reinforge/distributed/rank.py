@@ -71,13 +71,9 @@ class RankProcess:
         the worker's other state (scheduler, shuffling generator, guard)."""
         worker, model = self.workers[role], self.models[role]
         fsdp.save_sharded(model, worker.opt, path)
-        if self.rank != 0:
-            return None
-        state = worker.state_dict()
-        state.pop("optimizer")
-        return state
+        return worker.state_dict(optimizer=False) if self.rank == 0 else None
 
     def load_sharded(self, role: str, path: str, state: dict) -> None:
         worker, model = self.workers[role], self.models[role]
         fsdp.load_sharded(model, worker.opt, path)
-        worker.load_state_dict({**state, "optimizer": worker.opt.state_dict()})
+        worker.load_state_dict(state)  # without "optimizer": the shards above restored it

@@ -54,33 +54,28 @@ def first_fit_decreasing(lengths: list[int], capacity: int) -> list[list[int]]:
     return bins
 
 
-def balanced_groups(lengths: list[int], k: int) -> list[list[int]]:
-    """k groups of indices with near-equal token sums (longest first into the lightest group).
-    Each group keeps its indices in ascending order, so results gather back deterministically."""
+def balanced_groups(lengths: list[int], k: int, max_count: int | None = None) -> list[list[int]]:
+    """k groups of indices with near-equal token sums (longest first into the lightest group that
+    has fewer than `max_count` members). Each group keeps its indices in ascending order, so
+    results gather back deterministically; empty groups are dropped."""
     k = max(1, min(k, len(lengths)))
     groups: list[list[int]] = [[] for _ in range(k)]
     load = [0] * k
     for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
-        g = min(range(k), key=lambda j: (load[j], j))
+        g = min((j for j in range(k) if max_count is None or len(groups[j]) < max_count), key=lambda j: (load[j], j))
         groups[g].append(i)
         load[g] += lengths[i]
     return [sorted(g) for g in groups if g]
 
 
 def equal_count_partition(lengths: list[int], n: int) -> list[list[int]]:
-    """n parts of len(lengths) / n indices each (len must divide), with near-equal token sums:
-    longest first into the lightest part that still has room. Data-parallel ranks get the same
-    number of sequences (same number of forward passes) and about the same work."""
+    """n parts of len(lengths) / n indices each (len must divide), with near-equal token sums.
+    Data-parallel ranks get the same number of sequences (same number of forward passes) and
+    about the same work."""
     per = len(lengths) // n
     if per * n != len(lengths):
         raise ValueError(f"{len(lengths)} sequences do not split into {n} equal parts")
-    parts: list[list[int]] = [[] for _ in range(n)]
-    load = [0] * n
-    for i in sorted(range(len(lengths)), key=lambda j: (-lengths[j], j)):
-        r = min((r for r in range(n) if len(parts[r]) < per), key=lambda r: (load[r], r))
-        parts[r].append(i)
-        load[r] += lengths[i]
-    return [sorted(p) for p in parts]
+    return balanced_groups(lengths, n, max_count=per) if per else [[] for _ in range(n)]
 
 
 def num_token_groups(lengths: list[int], max_tokens: int) -> int:

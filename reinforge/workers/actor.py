@@ -143,12 +143,15 @@ class ActorWorker:
         out["actor/nonfinite_skipped"] = float(nonfinite)
         return out
 
-    def state_dict(self) -> dict:
-        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
+    def state_dict(self, optimizer: bool = True) -> dict:
+        """Optimizer (unless `optimizer=False`: FSDP ranks save theirs sharded), scheduler,
+        shuffling generator and guard."""
+        return {**({"optimizer": self.opt.state_dict()} if optimizer else {}), "scheduler": self.sched.state_dict(),
                 "generator": self.gen.get_state(), "guard": (self.guard.in_a_row, self.guard.total)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.opt.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.gen.set_state(state["generator"])
         self.guard.in_a_row, self.guard.total = state["guard"]

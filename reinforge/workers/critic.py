@@ -73,11 +73,16 @@ class CriticWorker:
         out["critic/lr"] = self.sched.get_last_lr()[0]
         return out
 
-    def state_dict(self) -> dict:
-        return {"optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict(),
-                "generator": self.gen.get_state()}
+    def state_dict(self, optimizer: bool = True) -> dict:
+        """Optimizer (unless `optimizer=False`: FSDP ranks save theirs sharded), scheduler,
+        shuffling generator and guard."""
+        return {**({"optimizer": self.opt.state_dict()} if optimizer else {}), "scheduler": self.sched.state_dict(),
+                "generator": self.gen.get_state(), "guard": (self.guard.in_a_row, self.guard.total)}
 
     def load_state_dict(self, state: dict) -> None:
-        self.opt.load_state_dict(state["optimizer"])
+        if "optimizer" in state:
+            self.opt.load_state_dict(state["optimizer"])
         self.sched.load_state_dict(state["scheduler"])
         self.gen.set_state(state["generator"])
+        if "guard" in state:  # (older checkpoints did not save the critic's)
+            self.guard.in_a_row, self.guard.total = state["guard"]

@@ -37,7 +37,8 @@ def mini_batches(batch: Batch, mini_batch_size: int, epochs: int, shuffle: bool,
     """`epochs` passes over `batch` in mini-batches, reshuffled each pass with `generator`."""
     for _ in range(epochs):
         order = torch.randperm(len(batch), generator=generator) if shuffle else torch.arange(len(batch))
-        yield from batch.index(order.tolist()).split(mini_batch_size)
+        for rows in order.split(mini_batch_size):  # one copy per mini-batch, not a shuffled batch then its parts
+            yield batch.index(rows.tolist())
 
 
 def clip_and_step(params, opt, grad_clip: float) -> tuple[torch.Tensor, bool]:

@@ -9,7 +9,6 @@ from __future__ import annotations
 import torch
 from transformers import GenerationConfig
 
-from reinforge.models.forward import position_ids_from_mask
 from reinforge.protocol import Batch
 
 
@@ -49,9 +48,7 @@ class HFRollout:
         self.model, self.tok = model, tokenizer
         self.P, self.T = max_prompt_length, max_response_length
         self.micro_batch_size, self.top_p, self.top_k = micro_batch_size, top_p, top_k
-        eos = tokenizer.eos_token_id
-        gen_eos = getattr(model.generation_config, "eos_token_id", None)
-        self.eos_ids = sorted({eos} | set(gen_eos if isinstance(gen_eos, list) else [gen_eos] if gen_eos is not None else []))
+        self.eos_ids = stop_token_ids(tokenizer, model)
 
     def _gen_config(self, n: int, temperature: float, greedy: bool) -> GenerationConfig:
         kw = dict(max_new_tokens=self.T, num_return_sequences=n, pad_token_id=self.tok.pad_token_id,
@@ -84,8 +81,8 @@ class HFRollout:
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
         """prompts: non-tensor `prompt_ids` (token lists) and `uid` (B0,) int64 plus any per-prompt
         fields, which are repeated. Returns B = B0 * n rows with prompts (B, P), responses (B, T),
-        input_ids / attention_mask / position_ids (B, P+T), response_mask (B, T), group_ids (B,),
-        truncated (B,) bool and response_length (B,)."""
+        input_ids / attention_mask (B, P+T), response_mask (B, T), group_ids (B,) and truncated (B,)
+        bool (positions come from the attention mask wherever they are needed)."""
         ids, mask = left_pad(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
         cfg = self._gen_config(n, temperature, greedy)
         step = max(1, self.micro_batch_size // n)
@@ -94,13 +91,27 @@ class HFRollout:
         # generate() pads a row only after it emitted EOS, and a row without EOS ran to T tokens,
         # so every position up to the first EOS (or all T) was really generated.
         response_mask, truncated = response_mask_from_eos(resp, self.eos_ids, torch.full((len(resp),), self.T))
-        rows = prompts.repeat(n)
-        p_ids, p_mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-        attention_mask = torch.cat([p_mask, response_mask], dim=1)
-        input_ids = torch.cat([p_ids, resp], dim=1)
-        out = Batch({
-            "prompts": p_ids, "responses": resp, "input_ids": input_ids, "attention_mask": attention_mask,
-            "position_ids": position_ids_from_mask(attention_mask), "response_mask": response_mask,
-            "group_ids": rows["uid"], "truncated": truncated, "response_length": response_mask.sum(-1),
-        }, dict(rows.non_tensors), {"temperature": 1.0 if greedy else temperature})
-        return out | rows.select([k for k in rows.tensors if k != "uid"])
+        return assemble_rollout(prompts, ids, mask, resp, response_mask, truncated, n,
+                                {"temperature": 1.0 if greedy else temperature})
+
+
+def stop_token_ids(tokenizer, model) -> list[int]:
+    """The tokenizer's EOS plus the model's generation-config EOS id(s), sorted."""
+    gen_eos = getattr(model.generation_config, "eos_token_id", None)
+    gen_eos = [] if gen_eos is None else list(gen_eos) if isinstance(gen_eos, (list, tuple)) else [gen_eos]
+    return sorted({tokenizer.eos_token_id, *gen_eos})
+
+
+def assemble_rollout(prompts: Batch, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, resp: torch.Tensor,
+                     response_mask: torch.Tensor, truncated: torch.Tensor, n: int, meta: dict,
+                     extra: dict | None = None) -> Batch:
+    """The rollout Batch every backend returns: prompt_ids/prompt_mask (B0, P) left-padded, resp /
+    response_mask (B, T) with B = B0 * n interleaved, truncated (B,); the per-prompt fields of
+    `prompts` are repeated n times (`uid` becomes `group_ids`); `extra` (B, ...) tensors join."""
+    rows = prompts.repeat(n)
+    p_ids, p_mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
+    out = Batch({"prompts": p_ids, "responses": resp, "input_ids": torch.cat([p_ids, resp], dim=1),
+                 "attention_mask": torch.cat([p_mask, response_mask], dim=1), "response_mask": response_mask,
+                 "group_ids": rows["uid"], "truncated": truncated, **(extra or {})},
+                dict(rows.non_tensors), meta)
+    return out | rows.select([k for k in rows.tensors if k != "uid"])

@@ -25,8 +25,8 @@ import os
 import torch
 
 from reinforge.algos.masked import masked_mean
-from reinforge.models.forward import position_ids_from_mask
 from reinforge.protocol import Batch
+from reinforge.workers.rollout.hf import assemble_rollout, left_pad, response_mask_from_eos, stop_token_ids
 
 
 def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
@@ -67,7 +67,7 @@ class VLLMRollout:
         r = cfg.rollout
         self.tok, self.r = tokenizer, r
         self.P, self.T = cfg.data.max_prompt_length, r.max_response_length
-        self.eos_ids = sorted({tokenizer.eos_token_id} | set(_as_list(actor_model.generation_config.eos_token_id)))
+        self.eos_ids = stop_token_ids(tokenizer, actor_model)
         dtype = next(actor_model.parameters()).dtype
         self.llm = LLM(model=cfg.model.path, tokenizer=cfg.model.tokenizer_path or cfg.model.path,
                        dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=r.gpu_memory_utilization,
@@ -88,7 +88,6 @@ class VLLMRollout:
                               stop_token_ids=self.eos_ids, logprobs=0, detokenize=False)
 
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
-        from reinforge.workers.rollout.hf import left_pad, response_mask_from_eos
 
         outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts["prompt_ids"]],
                                  self._params(n, temperature, greedy), use_tqdm=False)
@@ -103,17 +102,8 @@ class VLLMRollout:
                 lengths[row] = max(len(ids), 1)
         response_mask, truncated = response_mask_from_eos(resp, self.eos_ids, lengths)
         ids, mask = left_pad(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
-        rows = prompts.repeat(n)
-        p_ids, p_mask = ids.repeat_interleave(n, 0), mask.repeat_interleave(n, 0)
-        attention_mask = torch.cat([p_mask, response_mask], dim=1)
-        out = Batch({"prompts": p_ids, "responses": resp, "input_ids": torch.cat([p_ids, resp], dim=1),
-                     "attention_mask": attention_mask, "position_ids": position_ids_from_mask(attention_mask),
-                     "response_mask": response_mask, "group_ids": rows["uid"], "truncated": truncated,
-                     "response_length": response_mask.sum(-1), "rollout_log_probs": rlp * response_mask},
-                    dict(rows.non_tensors),
-                    {"temperature": 1.0 if greedy else temperature, "tis_cap": self.r.tis_cap})
-        return out | rows.select([k for k in rows.tensors if k != "uid"])
+        return assemble_rollout(prompts, ids, mask, resp, response_mask, truncated, n,
+                                {"temperature": 1.0 if greedy else temperature, "tis_cap": self.r.tis_cap},
+                                {"rollout_log_probs": rlp * response_mask})
 
 
-def _as_list(x) -> list:
-    return [] if x is None else list(x) if isinstance(x, (list, tuple)) else [x]
