@@ -12,6 +12,15 @@ class ItemsDataset:
     shallow copies, so callers may add keys without touching the dataset."""
 
     items: list[dict]
+    path: str
+
+    def _read(self, path, tokenizer=None, *, need_eos: bool = False) -> list[dict[str, Any]]:
+        """Set `self.path` and return the file's rows: DataError if it has none; ValueError
+        if `need_eos` and the tokenizer has no eos token (checked before the file is read)."""
+        if need_eos and tokenizer.eos_token_id is None:
+            raise ValueError(f"{type(self).__name__} needs a tokenizer with an eos token")
+        self.path = os.fspath(path)
+        return load_rows(self.path, nonempty=True)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -32,11 +41,12 @@ def row_error(path: str, row: int, field: str, message: str) -> DataError:
     return DataError(f"{os.path.basename(path)}: row {row}: field '{field}': {message}")
 
 
-def load_rows(path: str) -> list[dict[str, Any]]:
+def load_rows(path: str, *, nonempty: bool = False) -> list[dict[str, Any]]:
     """All rows of a .parquet, .jsonl or .json file as plain dicts (nested values as lists/dicts).
 
     A .json file may hold a list of objects or JSON lines. Missing or unreadable files and
-    rows that are not objects raise DataError naming the file.
+    rows that are not objects raise DataError naming the file; so does a file with no rows
+    when `nonempty`.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
@@ -58,6 +68,8 @@ def load_rows(path: str) -> list[dict[str, Any]]:
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
             raise DataError(f"{os.path.basename(path)}: row {i}: expected an object, got {type(row).__name__}")
+    if nonempty and not rows:
+        raise DataError(f"{os.path.basename(path)}: no rows")
     return rows
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from reinforge.data.io import DataError, ItemsDataset, load_rows, row_error
-from reinforge.data.sft import pad_right
+from reinforge.data.io import DataError, ItemsDataset, row_error
+from reinforge.data.sft import collate_sft
 from reinforge.data.text import encode, render_prompt, response_text
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
@@ -27,12 +27,7 @@ class PreferenceDataset(ItemsDataset):
     def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error"):
         if overlong not in PREF_OVERLONG:
             raise ValueError(f"overlong must be one of {PREF_OVERLONG}, got {overlong!r}")
-        if tokenizer.eos_token_id is None:
-            raise ValueError("PreferenceDataset needs a tokenizer with an eos token")
-        self.path = os.fspath(path)
-        rows = load_rows(self.path)
-        if not rows:
-            raise DataError(f"{os.path.basename(self.path)}: no rows")
+        rows = self._read(path, tokenizer, need_eos=True)
         prompts, chosen, rejected = [], [], []
         for i, row in enumerate(rows):
             prompts.append(render_prompt(row.get("prompt"), tokenizer, self.path, i, "prompt"))
@@ -56,20 +51,15 @@ class PreferenceDataset(ItemsDataset):
             raise DataError(f"{os.path.basename(self.path)}: no pair fits max_length={max_length}")
 
 
-
 def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:
     """Chosen rows then rejected rows, right-padded: input_ids, attention_mask, loss_mask (2B, L).
 
     Row b and row B + b are the chosen and rejected sequence of pair b; loss_mask is 1 on
     response tokens (incl. eos), so sequence log-probs are sums over loss_mask[:, 1:].
     """
-    seqs, masks = [], []
-    for key in ("chosen_ids", "rejected_ids"):
-        for it in items:
-            seqs.append(it["prompt_ids"] + it[key])
-            masks.append([0] * len(it["prompt_ids"]) + [1] * len(it[key]))
-    return {
-        "input_ids": pad_right(seqs, pad_id),
-        "attention_mask": pad_right([[1] * len(s) for s in seqs], 0),
-        "loss_mask": pad_right(masks, 0),
-    }
+    rows = [
+        {"input_ids": it["prompt_ids"] + it[key], "loss_mask": [0] * len(it["prompt_ids"]) + [1] * len(it[key])}
+        for key in ("chosen_ids", "rejected_ids")
+        for it in items
+    ]
+    return collate_sft(rows, pad_id)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-from reinforge.data.io import DataError, load_rows, row_error, write_rows
+from reinforge.data.io import load_rows, row_error, write_rows
 
 GSM8K_INSTRUCTION = 'Let\'s think step by step and output the final answer after "####".'
 MATH_INSTRUCTION = "Let's think step by step and output the final answer within \\boxed{}."
@@ -40,13 +40,15 @@ def last_boxed(text: str) -> str | None:
     return None  # unbalanced
 
 
-def _rl_row(source: str, question: str, instruction: str, gt: str, split: str, index: int, extra: dict) -> dict:
+def rl_row(source: str, prompt, ability: str, ground_truth, split: str, index: int, extra: dict | None = None) -> dict:
+    """A veRL-schema RL row: data_source, prompt, ability, reward_model {"style": "rule",
+    "ground_truth"}, extra_info {"split", "index", **extra}."""
     return {
         "data_source": source,
-        "prompt": [{"role": "user", "content": f"{question} {instruction}"}],
-        "ability": "math",
-        "reward_model": {"style": "rule", "ground_truth": gt},
-        "extra_info": {"split": split, "index": index, **extra},
+        "prompt": prompt,
+        "ability": ability,
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {"split": split, "index": index, **(extra or {})},
     }
 
 
@@ -57,33 +59,38 @@ def _field(row: dict, key: str, path: str, i: int) -> str:
     return value
 
 
+def _convert(in_path: str, out_path: str, split: str | None, row_fn) -> str:
+    """Write row_fn(raw row, in_path, i, split) for every row of in_path to out_path; split
+    defaults to out_path's file name without extension ("train.parquet" -> "train")."""
+    split = split or os.path.splitext(os.path.basename(out_path))[0]
+    rows = load_rows(in_path, nonempty=True)
+    return write_rows([row_fn(row, in_path, i, split) for i, row in enumerate(rows)], out_path)
+
+
+def _gsm8k_row(row: dict, path: str, i: int, split: str) -> dict:
+    question, solution = _field(row, "question", path, i), _field(row, "answer", path, i)
+    gt = gsm8k_answer(solution)
+    if gt is None:
+        raise row_error(path, i, "answer", "no '#### <answer>' in the solution")
+    prompt = [{"role": "user", "content": f"{question} {GSM8K_INSTRUCTION}"}]
+    return rl_row("openai/gsm8k", prompt, "math", gt, split, i, {"answer": solution, "question": question})
+
+
+def _math_row(row: dict, path: str, i: int, split: str) -> dict:
+    problem, solution = _field(row, "problem", path, i), _field(row, "solution", path, i)
+    gt = last_boxed(solution)
+    if not gt:
+        raise row_error(path, i, "solution", "no balanced \\boxed{...} answer")
+    extra = {k: row[k] for k in ("level", "type") if isinstance(row.get(k), str)}
+    prompt = [{"role": "user", "content": f"{problem} {MATH_INSTRUCTION}"}]
+    return rl_row("math", prompt, "math", gt, split, i, extra)
+
+
 def preprocess_gsm8k(in_path: str, out_path: str, *, split: str | None = None) -> str:
     """Raw GSM8K rows {"question", "answer": "...#### 42"} -> veRL rows, ground truth "42"."""
-    split = split or os.path.splitext(os.path.basename(out_path))[0]
-    out = []
-    for i, row in enumerate(load_rows(in_path)):
-        question, solution = _field(row, "question", in_path, i), _field(row, "answer", in_path, i)
-        gt = gsm8k_answer(solution)
-        if gt is None:
-            raise row_error(in_path, i, "answer", "no '#### <answer>' in the solution")
-        extra = {"answer": solution, "question": question}
-        out.append(_rl_row("openai/gsm8k", question, GSM8K_INSTRUCTION, gt, split, i, extra))
-    if not out:
-        raise DataError(f"{in_path}: no rows")
-    return write_rows(out, out_path)
+    return _convert(in_path, out_path, split, _gsm8k_row)
 
 
 def preprocess_math(in_path: str, out_path: str, *, split: str | None = None) -> str:
     """Raw MATH rows {"problem", "solution" with \\boxed{...}} -> veRL rows, ground truth the boxed content."""
-    split = split or os.path.splitext(os.path.basename(out_path))[0]
-    out = []
-    for i, row in enumerate(load_rows(in_path)):
-        problem, solution = _field(row, "problem", in_path, i), _field(row, "solution", in_path, i)
-        gt = last_boxed(solution)
-        if not gt:
-            raise row_error(in_path, i, "solution", "no balanced \\boxed{...} answer")
-        extra = {k: row[k] for k in ("level", "type") if isinstance(row.get(k), str)}
-        out.append(_rl_row("math", problem, MATH_INSTRUCTION, gt, split, i, extra))
-    if not out:
-        raise DataError(f"{in_path}: no rows")
-    return write_rows(out, out_path)
+    return _convert(in_path, out_path, split, _math_row)

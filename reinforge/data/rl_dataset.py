@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from reinforge.data.io import DataError, ItemsDataset, load_rows, row_error
+from reinforge.data.io import DataError, ItemsDataset, row_error
 from reinforge.data.text import encode, render_prompt
 
 GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution")  # TRL-style, tried in this order
@@ -51,10 +51,7 @@ class RLDataset(ItemsDataset):
     ):
         if overlong_prompt not in OVERLONG_POLICIES:
             raise ValueError(f"overlong_prompt must be one of {OVERLONG_POLICIES}, got {overlong_prompt!r}")
-        self.path = os.fspath(path)
-        rows = load_rows(self.path)
-        if not rows:
-            raise DataError(f"{os.path.basename(self.path)}: no rows")
+        rows = self._read(path)
         default_source = os.path.splitext(os.path.basename(self.path))[0]
         # Validate every row before tokenizing anything, so a bad row 90,000 fails in seconds.
         texts, meta = [], []

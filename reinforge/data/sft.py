@@ -5,7 +5,8 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from reinforge.data.io import DataError, ItemsDataset, load_rows, row_error
+from reinforge.data.collate import pad_right
+from reinforge.data.io import DataError, ItemsDataset, row_error
 from reinforge.data.text import check_messages, encode, render_prompt, response_text
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
@@ -49,12 +50,7 @@ class SFTDataset(ItemsDataset):
     def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error"):
         if overlong not in SFT_OVERLONG:
             raise ValueError(f"overlong must be one of {SFT_OVERLONG}, got {overlong!r}")
-        if tokenizer.eos_token_id is None:
-            raise ValueError("SFTDataset needs a tokenizer with an eos token")
-        self.path = os.fspath(path)
-        rows = load_rows(self.path)
-        if not rows:
-            raise DataError(f"{os.path.basename(self.path)}: no rows")
+        rows = self._read(path, tokenizer, need_eos=True)
         pairs = [_prompt_and_response(row, tokenizer, self.path, i) for i, row in enumerate(rows)]
         prompt_ids = encode(tokenizer, [p for p, _ in pairs])
         response_ids = encode(tokenizer, [r for _, r in pairs])
@@ -69,18 +65,6 @@ class SFTDataset(ItemsDataset):
             self.items.append({"input_ids": fitted[0], "loss_mask": fitted[1]})
         if not self.items:
             raise DataError(f"{os.path.basename(self.path)}: no row fits max_length={max_length}")
-
-
-
-def pad_right(seqs: list[list[int]], pad_value: int) -> "torch.Tensor":
-    """(B, L) int64 tensor, each sequence right-padded to the longest."""
-    import torch  # imported on use: reward worker processes import this package but never collate
-
-    length = max(len(s) for s in seqs)
-    out = torch.full((len(seqs), length), pad_value, dtype=torch.long)
-    for b, s in enumerate(seqs):
-        out[b, : len(s)] = torch.tensor(s, dtype=torch.long)
-    return out
 
 
 def collate_sft(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import re
 import threading
 
+from reinforge.data.preprocess import gsm8k_answer
+
 MAX_MATH_CHARS = 4096  # math_verify's regexes are slow on huge strings; the answer sits at the end
 
 _THINK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
@@ -51,9 +53,9 @@ def _gold_text(ground_truth) -> str:
 def _answer_text(response: str) -> str:
     text = response[-MAX_MATH_CHARS:]
     if "\\boxed" not in text and "####" in text:
-        # GSM8K style: the answer follows the last "####"; box it so it wins over other numbers.
-        answer = text.rsplit("####", 1)[1].strip().replace(",", "")
-        text = "\\boxed{" + answer + "}"
+        # GSM8K style: the answer follows the last "####"; box it so it wins over other numbers
+        # (an empty answer gives an empty box, which scores 0).
+        text = "\\boxed{" + (gsm8k_answer(text) or "") + "}"
     return text
 
 

@@ -10,17 +10,18 @@ import sys
 from typing import Callable
 
 from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward
-from reinforge.tasks.arithmetic import score_arithmetic
-from reinforge.tasks.countdown import score_countdown
+from reinforge.tasks import TASKS
 
+# Each built-in task's own verifier, under the task's name.
+TASK_REWARDS: dict[str, Callable] = {name: make().score for name, make in TASKS.items()}
 
 
 def auto_reward(prompt: str, response: str, ground_truth, data_source: str | None = None, **extra) -> float:
     """Dispatch on `data_source` (RLDataset passes it in extra): built-in tasks use their own
     verifier, GSM8K/MATH-like sources use math_verify, anything else exact match."""
     source = (data_source or "").lower()
-    if source in ("arithmetic", "countdown"):
-        return BUILTIN_REWARDS[source](prompt, response, ground_truth)
+    if source in TASK_REWARDS:
+        return TASK_REWARDS[source](prompt, response, ground_truth)
     if any(k in source for k in ("gsm8k", "math", "aime", "amc")):
         return math_verify_reward(prompt, response, ground_truth)
     return exact_match(prompt, response, ground_truth)
@@ -33,8 +34,7 @@ BUILTIN_REWARDS: dict[str, Callable] = {
     "math_verify": math_verify_reward,
     "exact_match": exact_match,
     "format": format_reward,
-    "arithmetic": score_arithmetic,
-    "countdown": score_countdown,
+    **TASK_REWARDS,
 }
 
 

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from reinforge.data.collate import pad_right
+from reinforge.models.forward import position_ids_from_mask
+
 
 class RewardModelScorer:
     """`score(prompts, responses) -> list[float]`: the model's scalar at each sequence's last real token.
@@ -36,7 +39,7 @@ class RewardModelScorer:
 
     def _head_outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
         """Per-position scores (B, L): captured from the `score` head if the model has one."""
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        position_ids = position_ids_from_mask(attention_mask)
         head = getattr(self.model, "score", None)
         if not isinstance(head, torch.nn.Module):
             # Other heads (e.g. BERT-style poolers) pool internally; right padding keeps index 0 valid.
@@ -59,13 +62,8 @@ class RewardModelScorer:
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
             if self.append_eos:
                 ids = [x + [self.tokenizer.eos_token_id] for x in ids]
-            length = max(len(x) for x in ids)
-            input_ids = torch.full((len(ids), length), self.pad_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(ids), length), dtype=torch.long)
-            for b, x in enumerate(ids):
-                input_ids[b, : len(x)] = torch.tensor(x, dtype=torch.long)
-                attention_mask[b, : len(x)] = 1
-            input_ids, attention_mask = input_ids.to(self.device), attention_mask.to(self.device)
+            input_ids = pad_right(ids, self.pad_id).to(self.device)
+            attention_mask = pad_right([[1] * len(x) for x in ids], 0).to(self.device)
             per_pos = self._head_outputs(input_ids, attention_mask)  # (B, L)
             last = attention_mask.sum(-1) - 1  # (B,) index of the last real token
             out.extend(per_pos.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu().tolist())

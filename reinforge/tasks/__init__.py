@@ -16,7 +16,8 @@ import random
 from typing import Callable
 
 from reinforge.data.io import write_rows
-from reinforge.tasks.arithmetic import make_arithmetic, score_arithmetic
+from reinforge.data.preprocess import rl_row
+from reinforge.tasks.arithmetic import make_arithmetic
 from reinforge.tasks.base import Example, Task
 from reinforge.tasks.countdown import make_countdown, score_countdown
 
@@ -24,7 +25,7 @@ TASKS: dict[str, Callable[..., Task]] = {"arithmetic": make_arithmetic, "countdo
 
 __all__ = [
     "TASKS", "Task", "Example", "get_task", "make_task_data", "build_char_tokenizer",
-    "score_arithmetic", "score_countdown",
+    "score_countdown",
 ]
 
 
@@ -57,16 +58,6 @@ def _draw_unique(task: Task, rng: random.Random, n: int, exclude: set[str]) -> l
     return out
 
 
-def _rl_row(task: Task, ex: Example, split: str, index: int) -> dict:
-    return {
-        "data_source": task.name,
-        "prompt": ex.prompt,
-        "ability": task.ability,
-        "reward_model": {"style": "rule", "ground_truth": ex.ground_truth},
-        "extra_info": {"split": split, "index": index},
-    }
-
-
 def make_task_data(
     name: str, out_dir: str, *, n_train: int = 2000, n_test: int = 200, n_sft: int = 2000, seed: int = 0, **task_kwargs
 ) -> dict[str, str]:
@@ -93,7 +84,7 @@ def make_task_data(
 
     paths = {}
     for split, examples in (("train", train), ("test", test)):
-        rows = [_rl_row(task, ex, split, i) for i, ex in enumerate(examples)]
+        rows = [rl_row(task.name, ex.prompt, task.ability, ex.ground_truth, split, i) for i, ex in enumerate(examples)]
         paths[split] = write_rows(rows, os.path.join(out_dir, f"{split}.parquet"))
     info = [{"split": "sft", "index": i} for i in range(len(sft))]
     sft_rows = [

@@ -8,13 +8,6 @@ import random
 from reinforge.tasks.base import Example, Task
 
 
-def score_arithmetic(prompt: str, response: str, ground_truth, **extra) -> float:
-    """1.0 when the response, stripped of surrounding whitespace, equals the answer string."""
-    if not isinstance(response, str):
-        return 0.0
-    return 1.0 if response.strip() == str(ground_truth).strip() else 0.0
-
-
 def _operand_range(digits: int) -> tuple[int, int]:
     # 1 digit includes 0; wider operands have no leading zero ("07" is not a 2-digit number).
     return (0 if digits == 1 else 10 ** (digits - 1), 10**digits - 1)
@@ -34,7 +27,13 @@ def _sample(rng: random.Random, digits: int, ops: str) -> Example:
 
 
 def make_arithmetic(digits: int = 2, ops: str = "+") -> Task:
-    """Addition (and optionally subtraction) of two `digits`-digit numbers; `ops` in {"+", "+-", "-"}."""
+    """Addition (and optionally subtraction) of two `digits`-digit numbers; `ops` in {"+", "+-", "-"}.
+
+    Scored by exact match: 1.0 when the stripped response equals the answer string.
+    """
+    # Imported on use: reinforge.rewards builds its registry from this package's TASKS.
+    from reinforge.rewards.builtin import exact_match
+
     if not isinstance(digits, int) or not 1 <= digits <= 12:
         raise ValueError(f"arithmetic: digits must be an int in 1..12, got {digits!r}")
     if not ops or set(ops) - {"+", "-"}:
@@ -48,7 +47,7 @@ def make_arithmetic(digits: int = 2, ops: str = "+") -> Task:
         name="arithmetic",
         ability="arithmetic",
         sample=functools.partial(_sample, digits=digits, ops=ops),
-        score=score_arithmetic,
+        score=exact_match,
         options={"digits": digits, "ops": ops},
         size=size,
     )

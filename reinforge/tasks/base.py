@@ -27,6 +27,8 @@ class Task:
 
     `score(prompt, response, ground_truth, **extra) -> float` follows the reward-function API
     of `reinforge.rewards`, and is a module-level function so it pickles into reward workers.
+    `reinforge.rewards` registers it under the task's name (for the default options) and
+    `auto` dispatches to it on `data_source == name`, so it must not depend on the options.
     `size` is the number of distinct prompts when it is small enough to matter, else None.
     """
 

@@ -72,6 +72,10 @@ def test_load_rows_errors(tmp_path):
         load_rows(tmp_path / "y.jsonl")
     (tmp_path / "z.json").write_text('[{"a": 1}, {"a": 2}]')
     assert load_rows(tmp_path / "z.json") == [{"a": 1}, {"a": 2}]
+    (tmp_path / "e.jsonl").write_text("\n")
+    assert load_rows(tmp_path / "e.jsonl") == []
+    with pytest.raises(DataError, match=r"^e\.jsonl: no rows$"):
+        load_rows(tmp_path / "e.jsonl", nonempty=True)
 
 
 def test_overlong_policies(tmp_path, tok):

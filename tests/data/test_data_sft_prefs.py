@@ -52,6 +52,11 @@ def test_preferences(tmp_path, tok):
     assert batch["input_ids"].shape == (4, 6)  # chosen rows 0..1, rejected rows 2..3
     assert batch["input_ids"][2].tolist() == tok("1+1=3")["input_ids"] + [eos]
     assert batch["loss_mask"][0].tolist() == [0, 0, 0, 0, 1, 1]
+    # The same batch as SFT collation of the chosen rows followed by the rejected rows.
+    rows = [{"input_ids": it["prompt_ids"] + it[k], "loss_mask": [0] * len(it["prompt_ids"]) + [1] * len(it[k])}
+            for k in ("chosen_ids", "rejected_ids") for it in (ds[0], ds[1])]
+    sft = collate_sft(rows, pad_id=tok.pad_token_id)
+    assert sorted(batch) == sorted(sft) and all(batch[k].tolist() == sft[k].tolist() for k in sft)
 
 
 @pytest.mark.parametrize(
@@ -96,3 +101,29 @@ def test_preprocess_gsm8k_and_math(tmp_path, tok):
     bad = write_jsonl(tmp_path / "badgsm.jsonl", [{"question": "q", "answer": "no marker"}])
     with pytest.raises(DataError, match=r"badgsm\.jsonl: row 0: field 'answer'"):
         preprocess_gsm8k(bad, tmp_path / "o.parquet")
+    empty = write_jsonl(tmp_path / "empty.jsonl", [])
+    for fn in (preprocess_gsm8k, preprocess_math):  # the file's name, as every other "no rows" error
+        with pytest.raises(DataError, match=r"^empty\.jsonl: no rows$"):
+            fn(empty, tmp_path / "o.parquet")
+
+
+@pytest.mark.parametrize("make", [
+    lambda p, t: SFTDataset(p, t, max_length=8),
+    lambda p, t: PreferenceDataset(p, t, max_length=8),
+    lambda p, t: RLDataset(p, t, max_prompt_length=8),
+])
+def test_datasets_reject_empty_file(tmp_path, tok, make):
+    empty = write_jsonl(tmp_path / "none.jsonl", [])
+    with pytest.raises(DataError, match=r"^none\.jsonl: no rows$"):
+        make(empty, tok)
+
+
+def test_sft_and_preferences_need_eos(tmp_path, tok):
+    class NoEos:
+        eos_token_id = None
+
+    path = write_jsonl(tmp_path / "x.jsonl", [{"prompt": "1=", "response": "1", "chosen": "1", "rejected": "2"}])
+    with pytest.raises(ValueError, match="^SFTDataset needs a tokenizer with an eos token$"):
+        SFTDataset(path, NoEos(), max_length=8)
+    with pytest.raises(ValueError, match="^PreferenceDataset needs a tokenizer with an eos token$"):
+        PreferenceDataset(path, NoEos(), max_length=8)

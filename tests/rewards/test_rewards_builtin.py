@@ -18,6 +18,7 @@ HUGE = "9" * 100_000
         ("\\boxed{\\dfrac{2}{4}}", "\\frac{1}{2}", 1.0),
         ("\\boxed{41}", "42", 0.0),
         ("#### 43", "42", 0.0),
+        ("so 42 ####", "42", 0.0),  # "####" with no answer after it: an empty box, not the 42 before it
         ("\\boxed{", "42", 0.0),
         ("\\boxed{4", "42", 0.0),
         ("}}}{{{\\boxed{}", "42", 0.0),
@@ -76,6 +77,26 @@ def test_task_rewards_through_registry():
     assert countdown("", "(3+5)*2", gt) == 1.0
     for bad in ["__import__('os')", "(3+5)*2; import os", "lambda: 16", HUGE, "", "(3+5)*2)"]:
         assert countdown("", bad, gt) == 0.0
+
+
+def test_task_rewards_come_from_tasks():
+    from reinforge.tasks import TASKS, get_task
+
+    for name in TASKS:  # every built-in task is a reward under its name, and `auto` routes to it
+        assert load_reward_fn(name) is get_task(name).score
+    assert load_reward_fn("arithmetic") is exact_match
+    auto = load_reward_fn("auto")
+    assert auto("", " 82 ", "82", data_source="Arithmetic") == 1.0 and auto("", "83", "82", data_source="arithmetic") == 0.0
+
+
+@pytest.mark.parametrize("first", ["reinforge.tasks", "reinforge.tasks.arithmetic", "reinforge.rewards"])
+def test_tasks_and_rewards_import_in_any_order(first):
+    import subprocess
+    import sys
+
+    code = (f"import {first}\nimport reinforge.rewards, reinforge.tasks\n"
+            "assert reinforge.tasks.get_task('arithmetic').score is reinforge.rewards.exact_match")
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 def test_auto_reward_dispatches_on_data_source():

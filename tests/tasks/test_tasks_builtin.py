@@ -5,7 +5,8 @@ import json
 import pytest
 
 from reinforge.data import load_rows
-from reinforge.tasks import TASKS, get_task, make_task_data, score_arithmetic, score_countdown
+from reinforge.rewards.builtin import exact_match as score_arithmetic  # the arithmetic task's verifier
+from reinforge.tasks import TASKS, get_task, make_task_data, score_countdown
 from reinforge.tasks.countdown import evaluate_expression
 
 SCORERS = {"arithmetic": score_arithmetic, "countdown": score_countdown}
