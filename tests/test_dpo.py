@@ -150,3 +150,35 @@ def test_bad_input_names_file_row_field(tiny_model_dir, tmp_path, capsys, row, f
     err = capsys.readouterr().err
     assert rc == 2
     assert "bad.jsonl" in err and "row 2" in err and f"'{field}'" in err and words in err, err
+
+
+def test_skipped_pairs_are_reported(tiny_model_dir, small_prefs, tmp_path, capsys):
+    """Pairs dropped by data.overlong=skip are printed when the data loads and logged at step 0."""
+    from reinforge.data import PreferenceDataset
+
+    trainer = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path, **{
+        "data.max_length": 6, "data.overlong": "skip", "data.batch_size": 4, "optim.total_steps": 1})))
+    skipped = PreferenceDataset(small_prefs, trainer.tok, max_length=6, overlong="skip").num_skipped
+    assert 0 < skipped < 16 and len(trainer.train) == 16 - skipped
+    out = capsys.readouterr().out
+    assert f"skipped {skipped} training pairs longer than data.max_length=6 (data.overlong=skip)" in out, out
+    trainer.fit()
+    assert _rows(tmp_path)[0] == {"step": 0, "data/skipped_rows": float(skipped)}
+    assert (tmp_path / "config.yaml").exists()
+
+
+def test_cli_summary(tiny_model_dir, small_prefs, arith_data, tmp_path, capsys):
+    """`reinforge dpo` prints one summary: the val/ metrics (pair metrics and prompt accuracy, not
+    the per-data-source breakdown), the run directory and the exported model."""
+    from reinforge.cli.main import main
+
+    rc = main(["dpo", *_overrides(tiny_model_dir, small_prefs, tmp_path, **{
+        "optim.total_steps": 1, "data.val_files": f"[{small_prefs}]", "trainer.export_hf": True,
+        "eval.prompt_files": f"[{arith_data['test']}]", "eval.reward_functions": "[{name: arithmetic}]",
+        "eval.max_prompt_length": 8, "eval.max_response_length": 4})])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert "val/rewards/accuracies=" in out and "val/loss=" in out and "val/acc_greedy=" in out, out
+    assert "val/arithmetic/" not in out, out
+    assert f"run directory: {tmp_path}" in out and f"model: {tmp_path / 'hf'}" in out, out
+    assert list((tmp_path / "samples").glob("step_*.jsonl"))

@@ -31,11 +31,14 @@ def _metrics(run_dir: Path) -> list[dict]:
 
 
 @pytest.mark.parametrize("preset", ["grpo", "ppo"])
-def test_train_end_to_end(preset, tiny_model_dir, arith_data, tmp_path):
+def test_train_end_to_end(preset, tiny_model_dir, arith_data, tmp_path, capsys):
     run = tmp_path / preset
     rc = main(["train", "--config", preset, *rl_overrides(tiny_model_dir, arith_data, str(run),
                                                             **{"trainer.report": True})])
     assert rc == 0
+    out = capsys.readouterr().out  # the summary: overall val/ metrics, not the per-source breakdown
+    assert "done. " in out and "val/acc_greedy=" in out and "val/pass@2=" in out and "val/arithmetic/" not in out
+    assert f"run directory: {run}" in out and f"model: {run / 'hf'}" in out, out
     before, after = _weights(Path(tiny_model_dir)), _weights(run / "hf")
     changed = [k for k in after if k in before and not torch.equal(before[k], after[k])]
     assert changed, "no parameter changed"
@@ -64,6 +67,8 @@ def test_resume_is_bit_exact(tiny_model_dir, arith_data, tmp_path):
              "trainer.val_every": 2, "trainer.export_hf": False, "actor.ppo_epochs": 2, "actor.mini_batch_size": 8}
     full = load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "a"), **extra))
     RLTrainer(full).fit()
+    # fit() from Python (no CLI) writes the resolved config.
+    assert load_config(RLConfig, str(tmp_path / "a" / "config.yaml")).to_dict() == full.to_dict()
 
     crashed = load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "b"), **extra))
     trainer = RLTrainer(crashed)
@@ -173,3 +178,31 @@ def test_cli_resume_flag_continues_a_run(tiny_model_dir, arith_data, tmp_path):
     assert main(["train", "--config", "grpo", "--resume-from", str(step1), *common, "trainer.total_steps=2",
                  "trainer.keep_last=3"]) == 0
     assert [r["step"] for r in _metrics(run)][-1] == 2
+
+
+def test_pretrained_critic_exported_when_its_last_step_is_skipped(tiny_model_dir, arith_data, tmp_path):
+    """VAPO keeps the critic of step value_pretrain_steps, also when that step had no batch
+    (dynamic sampling found no informative group) and returned early."""
+    from reinforge.protocol import Batch
+
+    cfg = load_config(RLConfig, "vapo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **{
+        "algorithm.value_pretrain_steps": 1, "trainer.total_steps": 1, "trainer.val_before_train": False,
+        "data.val_files": "[]", "trainer.export_hf": False}))
+    trainer = RLTrainer(cfg)
+
+    def nothing_informative():
+        trainer._reward_metrics = {}
+        return Batch(), {}
+
+    trainer.collect_batch = nothing_informative
+    trainer.fit()
+    assert [r.get("step/skipped") for r in _metrics(tmp_path) if r["step"] == 1] == [1.0]
+    assert (tmp_path / "critic_pretrained" / "config.json").exists()
+
+
+def test_eval_cli(tiny_model_dir, arith_data, capsys):
+    rc = main(["eval", "--model", tiny_model_dir, "--data", arith_data["test"], "--n", "2", "--max-samples", "4",
+               "--max-prompt-length", "8", "--max-response-length", "4", "--reward", "arithmetic"])
+    assert rc == 0
+    metrics = json.loads(capsys.readouterr().out)
+    assert 0.0 <= metrics["val/acc_greedy"] <= 1.0 and "val/pass@2" in metrics and "val/pass@4" not in metrics

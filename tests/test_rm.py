@@ -91,7 +91,7 @@ def test_rm_cli_reports_bad_pair(tiny_model_dir, tmp_path, capsys):
 
 def test_run_dir_in_use_is_refused(tmp_path):
     from reinforge.config.load import ConfigError
-    from reinforge.trainers.preference_common import lock_run_dir
+    from reinforge.trainers.checkpoint import lock_run_dir
 
     held = lock_run_dir(tmp_path)
     with pytest.raises(ConfigError, match="in use"):

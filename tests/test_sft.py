@@ -106,3 +106,34 @@ def test_resume_equals_uninterrupted(tiny_model_dir, arith_data, tmp_path, packi
     resumed.fit(resume=True)
     for k, v in _weights(full.model).items():
         assert torch.equal(v, resumed.model.state_dict()[k]), k
+
+
+def test_fit_claims_run_dir_and_reports_skipped_rows(tiny_model_dir, arith_data, tmp_path, capsys):
+    """fit() from Python writes config.yaml (the resolved config) and holds the run-dir lock; rows
+    dropped by overlong=skip are printed and logged at step 0."""
+    from reinforge.config.load import ConfigError
+    from reinforge.data import SFTDataset
+    from reinforge.trainers.checkpoint import lock_run_dir
+
+    cfg = _cfg(tiny_model_dir, arith_data, tmp_path, **{"optim.total_steps": 1, "data.max_length": 6,
+                                                         "data.overlong": "skip", "trainer.export_hf": False})
+    trainer = SFTTrainer(cfg)
+    skipped = SFTDataset(arith_data["sft"], trainer.tok, max_length=6, overlong="skip").num_skipped
+    assert skipped > 0
+    out = capsys.readouterr().out
+    assert f"skipped {skipped} training rows longer than data.max_length=6 (data.overlong=skip)" in out, out
+    held = lock_run_dir(tmp_path)
+    with pytest.raises(ConfigError, match="in use"):
+        trainer.fit()
+    held.close()
+    trainer.fit()
+    assert load_config(SFTConfig, str(tmp_path / "config.yaml")).to_dict() == cfg.to_dict()
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert rows[0] == {"step": 0, "data/skipped_rows": float(skipped)}
+    lock_run_dir(tmp_path).close()  # released when fit() returns
+
+
+def test_resume_without_checkpoint_says_so(tiny_model_dir, arith_data, tmp_path, capsys):
+    trainer = SFTTrainer(_cfg(tiny_model_dir, arith_data, tmp_path))
+    assert trainer.resume() == 0 and trainer.step_idx == 0
+    assert f"no checkpoint in {tmp_path / 'checkpoints'}; starting from step 0" in capsys.readouterr().err

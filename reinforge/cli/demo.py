@@ -41,21 +41,19 @@ def make_inputs(out: Path, quick: bool) -> tuple[dict, dict]:
 
 
 def run_sft(out: Path, paths: dict, quick: bool) -> Path:
-    from reinforge.config.load import load_config, save_config
+    from reinforge.config.load import load_config
     from reinforge.config.sft import SFTConfig
     from reinforge.trainers.sft import SFTTrainer
 
     overrides = [f"model.path={out / 'model'}", f"data.train_files=[{paths['sft']}]", f"trainer.run_dir={out / 'sft'}"]
     cfg = load_config(SFTConfig, "demo_sft", overrides + (QUICK_SFT if quick else []))
-    trainer = SFTTrainer(cfg)
-    save_config(cfg, out / "sft" / "config.yaml")
-    trainer.fit()
+    SFTTrainer(cfg).fit()  # fit() writes out/sft/config.yaml
     return out / "sft" / "hf"
 
 
 def run_rl(out: Path, base: Path, paths: dict, quick: bool) -> tuple[dict, dict]:
     """GRPO from `base`; returns (validation metrics at step 0 = the base, final metrics)."""
-    from reinforge.config.load import load_config, save_config
+    from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.trainers.rl import RLTrainer
 
@@ -63,9 +61,7 @@ def run_rl(out: Path, base: Path, paths: dict, quick: bool) -> tuple[dict, dict]
     overrides = [f"model.path={base}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['test']}]",
                  f"trainer.run_dir={run_dir}"]
     cfg = load_config(RLConfig, "demo_grpo", overrides + (QUICK_RL if quick else []))
-    trainer = RLTrainer(cfg)
-    save_config(cfg, run_dir / "config.yaml")
-    final = trainer.fit()
+    final = RLTrainer(cfg).fit()  # fit() writes run_dir/config.yaml
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     before = next(r for r in rows if r["step"] == 0)
     return before, final

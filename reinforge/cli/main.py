@@ -6,7 +6,10 @@ Every training command takes `--config <preset or file.yaml>` plus dotted overri
 from __future__ import annotations
 
 import argparse
+import importlib
+import re
 import sys
+from pathlib import Path
 
 
 def _add_train_args(p: argparse.ArgumentParser, default_config: str | None) -> None:
@@ -18,31 +21,47 @@ def _add_train_args(p: argparse.ArgumentParser, default_config: str | None) -> N
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8")
 
 
-def cmd_train(args) -> int:
-    from reinforge.config.load import load_config
-    from reinforge.config.schema import RLConfig
-    from reinforge.trainers.rl import RLTrainer
+# command -> (config schema, trainer class, default --config, help): each runs through `run_training`.
+TRAINERS = {
+    "train": ("reinforge.config.schema:RLConfig", "reinforge.trainers.rl:RLTrainer", "grpo",
+              "RL training (PPO, GRPO, DAPO, GSPO, VAPO, ...)"),
+    "sft": ("reinforge.config.sft:SFTConfig", "reinforge.trainers.sft:SFTTrainer", None, "supervised fine-tuning"),
+    "dpo": ("reinforge.config.preference:DPOConfig", "reinforge.trainers.dpo:DPOTrainer", "dpo",
+            "direct preference optimisation"),
+    "rm": ("reinforge.config.preference:RMConfig", "reinforge.trainers.rm:RMTrainer", "rm", "reward-model training"),
+}
 
-    cfg = load_config(RLConfig, args.config, args.overrides)
-    trainer = RLTrainer(cfg)
-    _save_resolved(cfg)
-    final = trainer.fit(resume=args.resume_from or args.resume)
-    _print_summary(final, cfg.trainer.run_dir)
+
+def _load(ref: str):
+    """`"package.module:name"` -> the object, imported on use (the CLI starts without torch)."""
+    module, name = ref.split(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def run_training(command: str, args) -> int:
+    """Every training command: load the config, build the trainer, fit (resuming when asked),
+    print the summary. The trainer locks run_dir and writes config.yaml when it starts."""
+    from reinforge.config.load import load_config
+
+    schema, trainer_cls, _, _ = TRAINERS[command]
+    cfg = load_config(_load(schema), args.config, args.overrides)
+    final = _load(trainer_cls)(cfg).fit(resume=args.resume_from or args.resume)
+    print_summary(final, cfg)
     return 0
 
 
-def _save_resolved(cfg) -> None:
-    from pathlib import Path
-
-    from reinforge.config.load import save_config
-
-    save_config(cfg, Path(cfg.trainer.run_dir) / "config.yaml")
+# validate()'s per-data-source breakdown, val/<data_source>/acc_greedy|acc_sampled: left out of the summary.
+PER_SOURCE = re.compile(r"^val/[^/]+/acc_(greedy|sampled)$")
 
 
-def _print_summary(final: dict, run_dir: str) -> None:
-    keys = [k for k in sorted(final) if k.startswith("val/") and "/" not in k[4:]]
-    shown = ", ".join(f"{k}={final[k]:.3f}" for k in keys)
+def print_summary(final: dict, cfg) -> None:
+    """The last validation metrics (every val/ key but the per-data-source breakdown), the run
+    directory and, when exported, the model folder."""
+    shown = ", ".join(f"{k}={final[k]:.4f}" for k in sorted(final) if k.startswith("val/") and not PER_SOURCE.match(k))
+    run_dir = cfg.trainer.run_dir
     print(f"done. {shown}\nrun directory: {run_dir}")
+    if cfg.trainer.export_hf:
+        print(f"model: {Path(run_dir) / 'hf'}")
 
 
 def cmd_data(args) -> int:
@@ -83,27 +102,17 @@ def cmd_report(args) -> int:
     return 0
 
 
-def _lazy(module: str, fn: str):
-    def run(args) -> int:
-        import importlib
-
-        return getattr(importlib.import_module(module), fn)(args)
-
-    return run
+def _lazy(ref: str):
+    return lambda args: _load(ref)(args)
 
 
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="reinforge", description=__doc__.splitlines()[0])
     sub = ap.add_subparsers(dest="command", required=True)
-    p = sub.add_parser("train", help="RL training (PPO, GRPO, DAPO, GSPO, VAPO, ...)")
-    _add_train_args(p, "grpo")
-    p.set_defaults(fn=cmd_train)
-    for name, module, helptext in (("sft", "reinforge.trainers.sft", "supervised fine-tuning"),
-                                   ("dpo", "reinforge.trainers.dpo", "direct preference optimisation"),
-                                   ("rm", "reinforge.trainers.rm", "reward-model training")):
+    for name, (_, _, default_config, helptext) in TRAINERS.items():
         p = sub.add_parser(name, help=helptext)
-        _add_train_args(p, None)
-        p.set_defaults(fn=_lazy(module, "main"))
+        _add_train_args(p, default_config)
+        p.set_defaults(fn=lambda args, command=name: run_training(command, args))
     p = sub.add_parser("eval", help="greedy / sampled accuracy and pass@k of a model on a prompt file")
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
@@ -112,7 +121,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-response-length", type=int, default=32)
     p.add_argument("--max-prompt-length", type=int, default=64)
     p.add_argument("--reward", default="exact_match")
-    p.set_defaults(fn=_lazy("reinforge.cli.evaluate", "main"))
+    p.set_defaults(fn=_lazy("reinforge.cli.evaluate:main"))
     p = sub.add_parser("data", help="make built-in task data or preprocess GSM8K / MATH files")
     dsub = p.add_subparsers(dest="action", required=True)
     mk = dsub.add_parser("make", help="write train/test/sft/prefs parquet files of a built-in task")
@@ -140,7 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job: data -> SFT -> GRPO on a built-in task, on CPU")
     p.add_argument("--quick", action="store_true", help="a few steps only (used by the tests)")
     p.add_argument("--out", default="runs/demo")
-    p.set_defaults(fn=_lazy("reinforge.cli.demo", "main"))
+    p.set_defaults(fn=_lazy("reinforge.cli.demo:main"))
     return ap
 
 

@@ -1,6 +1,7 @@
 """Sections shared by several trainers: the AdamW settings (actor, critic, SFT, DPO, RM), the
-supervised trainers' optimizer section and the run section of every trainer (directory,
-checkpoints, logging). Each trainer subclasses them only to add fields or change defaults."""
+supervised trainers' optimizer section, the run section of every trainer (directory,
+checkpoints, logging) and the generation eval section (SFT, DPO). Each trainer subclasses them
+only to add fields or change defaults."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
@@ -61,3 +62,24 @@ class RunConfig:
     """Show a progress bar."""
     export_hf: bool = True
     """Write the final model as a from_pretrained-loadable folder in run_dir/hf."""
+
+
+@dataclass
+class GenEvalConfig:
+    prompt_files: list = field(default_factory=list)
+    """RL-schema prompt files with ground truth (a task's test.parquet) for greedy / sampled
+    accuracy of the policy during training; empty skips it."""
+    reward_functions: list = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
+    """Reward functions that score the generated answers, as reward.functions of the RL config."""
+    max_prompt_length: int = 64
+    """Prompts are left-padded to this length for generation."""
+    max_response_length: int = 32
+    """Tokens generated per answer."""
+    max_samples: int = 200
+    """Prompts evaluated (the first N of the files)."""
+    n: int = 1
+    """Samples per prompt for the sampled accuracy (greedy always runs)."""
+    temperature: float = 1.0
+    """Temperature of the sampled evaluation."""
+    batch_size: int = 64
+    """Prompts per generation call."""

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from reinforge.config.common import OptimConfig, RootConfig, RunConfig
+from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, RunConfig
 from reinforge.config.schema import ModelConfig
 from reinforge.config.validate import check_choice, check_data_files, check_model_path, need, validate_supervised
 from reinforge.data.preference import PREF_OVERLONG
@@ -64,27 +64,6 @@ class RMParams:
     RL reward scorer reads decoded text without EOS)."""
     center_rewards_coef: float = 0.0
     """Weight of a (r_chosen + r_rejected)^2 penalty that keeps rewards centred on zero."""
-
-
-@dataclass
-class GenEvalConfig:
-    prompt_files: list = field(default_factory=list)
-    """RL-schema prompt files with ground truth (a task's test.parquet) for greedy accuracy of
-    the policy during DPO; empty skips it."""
-    reward_functions: list = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
-    """Reward functions that score the generated answers, as reward.functions of the RL config."""
-    max_prompt_length: int = 64
-    """Prompts are left-padded to this length for generation."""
-    max_response_length: int = 32
-    """Tokens generated per answer."""
-    max_samples: int = 200
-    """Prompts evaluated (the first N of the files)."""
-    n: int = 1
-    """Samples per prompt for the sampled accuracy (greedy always runs)."""
-    temperature: float = 1.0
-    """Temperature of the sampled evaluation."""
-    batch_size: int = 64
-    """Prompts per generation call."""
 
 
 @dataclass

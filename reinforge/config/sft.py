@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from reinforge.config.common import OptimConfig, RootConfig, RunConfig
+from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, RunConfig
 from reinforge.config.schema import ModelConfig
 from reinforge.config.validate import check_choice, check_data_files, check_model_path, validate_supervised
 from reinforge.data.sft import SFT_OVERLONG
@@ -44,26 +44,11 @@ class SFTOptimConfig(OptimConfig):
 
 
 @dataclass
-class SFTEvalConfig:
-    prompt_files: list = field(default_factory=list)
-    """RL-schema prompt files with ground truth (e.g. a built-in task's test.parquet) for
-    greedy / sampled accuracy and pass@k; empty skips the accuracy evaluation."""
-    reward_functions: list = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
-    """Reward functions scoring the generated answers, as reward.functions of the RL config."""
-    max_prompt_length: int = 64
-    """Prompts are left-padded to this length for generation."""
-    max_response_length: int = 32
-    """Tokens generated per answer."""
-    max_samples: int = 200
-    """Prompts evaluated (the first N of the files)."""
+class SFTEvalConfig(GenEvalConfig):
     n: int = 8
     """Samples per prompt for the sampled accuracy and pass@k (greedy always runs too)."""
-    temperature: float = 1.0
-    """Temperature of the sampled evaluation."""
     pass_k: list = field(default_factory=lambda: [1, 8])
     """k values of pass@k."""
-    batch_size: int = 64
-    """Prompts per generation call."""
 
 
 @dataclass

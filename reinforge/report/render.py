@@ -33,7 +33,8 @@ PANELS: list[tuple[str, str, list[str]]] = [
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """metrics.jsonl rows; a step logged twice (a resumed run) keeps its last row."""
+    """metrics.jsonl rows, one per step. A step logged twice (a resumed run) gets the union of its
+    rows' keys, merged key by key in file order: where both rows have a key, the later value wins."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []

@@ -11,12 +11,15 @@ import os
 import random
 import re
 import shutil
+import sys
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
+
+from reinforge.config.load import ConfigError, save_config
 
 STEP_RE = re.compile(r"^step_(\d+)$")
 
@@ -49,9 +52,9 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
 
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, torch.nn.Module],
-                    state: dict[str, Any], config_yaml: str, keep_last: int = 2,
-                    writers: tuple = ()) -> Path:
-    """Write `step_<step>/` atomically and prune old checkpoints. Returns its path.
+                    state: dict[str, Any], cfg, keep_last: int = 2, writers: tuple = ()) -> Path:
+    """Write `step_<step>/` (with the resolved `cfg` as config.yaml) atomically and prune old
+    checkpoints. Returns its path.
 
     `writers` are called with the temporary folder first (sharded state of a worker group
     goes there, and may add to `state`), so they are part of the same atomic rename."""
@@ -67,7 +70,7 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, to
     for name, model in models.items():
         save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied embeddings
     torch.save(state, tmp / "trainer_state.pt")
-    (tmp / "config.yaml").write_text(config_yaml)
+    save_config(cfg, tmp / "config.yaml")
     (tmp / "COMPLETE").write_text(str(step))
     if final.exists():
         shutil.rmtree(final)
@@ -86,7 +89,7 @@ def load_checkpoint(path: str | os.PathLike, models: dict[str, torch.nn.Module])
         f = path / f"{name}.safetensors"
         if not f.exists():
             raise FileNotFoundError(f"checkpoint {path} has no weights for {name!r}")
-        missing, unexpected = load_model(model, str(f), strict=True)
+        load_model(model, str(f), strict=True)
     return torch.load(path / "trainer_state.pt", weights_only=False)
 
 
@@ -108,25 +111,59 @@ def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
     return out
 
 
-def save_single_model_run(run_dir: Path, step: int, model, opt, sched, loader, cfg, keep_last: int) -> Path:
-    """Checkpoint of a one-model trainer (SFT, DPO, RM): weights, optimizer, scheduler, RNG, loader."""
-    import yaml
-
-    state = {"step": step, "rng": rng_state(), "loader": loader.state_dict(), "optimizer": opt.state_dict(),
-             "scheduler": sched.state_dict()}
-    return save_checkpoint(Path(run_dir) / "checkpoints", step, {"model": model}, state,
-                           yaml.safe_dump(cfg.to_dict(), sort_keys=False), keep_last)
+def no_checkpoint(ckpt_dir: Path) -> int:
+    """What resume does when there is nothing to resume from: say so, and start at step 0."""
+    print(f"[reinforge] no checkpoint in {ckpt_dir}; starting from step 0", file=sys.stderr)
+    return 0
 
 
-def resume_single_model_run(run_dir: Path, path: str | None, model, opt, sched, loader) -> int | None:
-    """Restore what `save_single_model_run` wrote (latest checkpoint unless `path`); returns its
-    step, or None when there is no checkpoint."""
-    ckpt = Path(path) if path else latest_checkpoint(Path(run_dir) / "checkpoints")
-    if ckpt is None:
-        return None
-    state = load_checkpoint(ckpt, {"model": model})
-    loader.load_state_dict(state["loader"])
-    opt.load_state_dict(state["optimizer"])
-    sched.load_state_dict(state["scheduler"])
-    set_rng_state(state["rng"])
-    return state["step"]
+class SingleModelCheckpoints:
+    """save() / resume() of a one-model trainer (SFT, DPO, RM): weights, optimizer, scheduler,
+    RNG and loader position. The trainer has run_dir, step_idx, model, opt, sched, loader, cfg."""
+
+    def save(self) -> Path:
+        state = {"step": self.step_idx, "rng": rng_state(), "loader": self.loader.state_dict(),
+                 "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {"model": self.model}, state, self.cfg,
+                               self.cfg.trainer.keep_last)
+
+    def resume(self, path: str | None = None) -> int:
+        """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
+        ckpt = Path(path) if path else latest_checkpoint(self.run_dir / "checkpoints")
+        if ckpt is None:
+            return no_checkpoint(self.run_dir / "checkpoints")
+        state = load_checkpoint(ckpt, {"model": self.model})
+        self.loader.load_state_dict(state["loader"])
+        self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        set_rng_state(state["rng"])
+        self.step_idx = state["step"]
+        return self.step_idx
+
+
+def lock_run_dir(run_dir: Path):
+    """Hold an exclusive lock on run_dir/.lock: two runs writing one run directory would
+    interleave metrics.jsonl and race on checkpoints. The OS drops the lock if the process dies."""
+    import fcntl
+
+    run_dir.mkdir(parents=True, exist_ok=True)
+    f = open(run_dir / ".lock", "w")
+    try:
+        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.close()
+        raise ConfigError(f"trainer.run_dir={str(run_dir)!r} is in use by another running process") from None
+    return f
+
+
+def claim_run_dir(run_dir: Path, cfg):
+    """Lock `run_dir` (lock_run_dir) and write the resolved config to run_dir/config.yaml, as
+    every trainer's fit() does first. Returns the lock file: `with claim_run_dir(...):` holds
+    the lock until the block ends."""
+    lock = lock_run_dir(run_dir)
+    try:
+        save_config(cfg, run_dir / "config.yaml")
+    except BaseException:
+        lock.close()
+        raise
+    return lock

@@ -23,8 +23,8 @@ from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.loading import load_causal_lm
 from reinforge.seeding import seed_everything
-from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_inputs, pair_tensors, prepare,
-                                                  print_summary)
+from reinforge.trainers.preference_common import PairSubset, PairTrainer, load_inputs, pair_tensors
+from reinforge.trainers.validation import PromptEvaluator
 
 
 def response_token_logps(model, batch: dict, model_cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -91,34 +91,6 @@ def cached_reference_logps(cfg: DPOConfig, splits: dict[str, PairSubset], pad_id
     return {s: cache[keys[s]] for s in splits}
 
 
-class GreedyEval:
-    """Greedy (and sampled) accuracy of the policy on RL prompt files, as RL validation does."""
-
-    def __init__(self, cfg: DPOConfig, model, tokenizer):
-        from reinforge.config.schema import AlgorithmConfig, RewardConfig
-        from reinforge.data import RLDataset
-        from reinforge.workers.reward import RewardWorker
-        from reinforge.workers.rollout.hf import HFRollout
-
-        e = self.e = cfg.eval
-        items = [it for f in e.prompt_files
-                 for it in RLDataset(f, tokenizer, max_prompt_length=e.max_prompt_length).items]
-        self.items = items[:e.max_samples]
-        self.rollout = HFRollout(model, tokenizer, max_prompt_length=e.max_prompt_length,
-                                 max_response_length=e.max_response_length, micro_batch_size=e.batch_size)
-        self.reward = RewardWorker(tokenizer, RewardConfig(functions=list(e.reward_functions)), AlgorithmConfig(),
-                                   max_response_length=e.max_response_length, device=cfg.derived["device"])
-
-    def __call__(self, samples_path: Path) -> dict[str, float]:
-        from reinforge.trainers.validation import validate
-
-        return validate(self.rollout, self.reward, self.items, n=self.e.n, temperature=self.e.temperature,
-                        pass_k=[], batch_size=self.e.batch_size, samples_path=samples_path)
-
-    def close(self) -> None:
-        self.reward.close()
-
-
 class DPOTrainer(PairTrainer):
     name = "dpo"
 
@@ -136,7 +108,8 @@ class DPOTrainer(PairTrainer):
             self.ref_cache = cached_reference_logps(cfg, splits, self.pad_id)
         else:
             self.reference = load_causal_lm(cfg.dpo.ref_model_path or m.path, train=False, **kw)
-        self.gen_eval = GreedyEval(cfg, self.model, tok) if cfg.eval.prompt_files else None
+        if cfg.eval.prompt_files:  # greedy / sampled accuracy of the policy on RL prompts
+            self.prompt_eval = PromptEvaluator(self.model, tok, cfg.eval, device=cfg.derived["device"])
 
     def reference_logps(self, items: list[dict], batch: dict, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,), (B,) reference log-probs of the chosen and rejected responses."""
@@ -165,32 +138,3 @@ class DPOTrainer(PairTrainer):
         metrics["logps/chosen"] = seq[:B].detach().mean()
         metrics["logps/rejected"] = seq[B:].detach().mean()
         return loss, metrics
-
-    @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
-        out = super().evaluate()
-        if self.gen_eval is not None:
-            self.model.eval()
-            try:
-                out.update(self.gen_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl"))
-            finally:
-                self.model.train()
-        return out
-
-    def fit(self, resume: bool | str = False) -> dict[str, float]:
-        try:
-            return super().fit(resume)
-        finally:
-            if self.gen_eval is not None:
-                self.gen_eval.close()
-
-
-def main(args) -> int:
-    """`reinforge dpo [--config dpo] [--resume] overrides...`"""
-    if getattr(args, "config", None) is None:
-        args.config = "dpo"
-    cfg = prepare(DPOConfig, args)
-    trainer = DPOTrainer(cfg)
-    final = trainer.fit(resume=args.resume_from or args.resume)
-    print_summary(final, cfg.trainer.run_dir)
-    return 0

@@ -121,3 +121,23 @@ def _flat(d: dict, prefix: str = "") -> dict:
         else:
             out[f"{prefix}{k}"] = str(v)[:250]
     return out
+
+
+def due(every: int, step: int, total: int) -> bool:
+    """Whether something done "every k steps (0: only at the end)" happens at `step`: at each
+    multiple of `every`, and always at the last step `total`."""
+    return step == total or (bool(every) and step % every == 0)
+
+
+def note_skipped(count: int, what: str, limit: str, policy: str) -> int:
+    """Say how many rows a dataset dropped for being too long (overlong=skip); returns count."""
+    if count:
+        print(f"[reinforge] skipped {count} {what} longer than {limit} ({policy})")
+    return count
+
+
+def skipped_metrics(cfg) -> dict[str, float]:
+    """The step-0 record of training rows the data dropped for length (cfg.derived["skipped_rows"],
+    filled when the SFT or preference data loads), if any were."""
+    n = cfg.derived.get("skipped_rows", 0)
+    return {"data/skipped_rows": float(n)} if n else {}

@@ -42,7 +42,7 @@ def advantage_by_position(adv: torch.Tensor, mask: torch.Tensor, buckets: int = 
     return out
 
 
-def batch_metrics(batch: Batch, max_response_length: int) -> dict[str, float]:
+def batch_metrics(batch: Batch) -> dict[str, float]:
     mask = batch["response_mask"].float()
     lengths = mask.sum(-1)
     seq_mask = lengths > 0

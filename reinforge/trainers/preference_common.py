@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import hashlib
 import random
-import sys
 from pathlib import Path
 
 import torch
 
-from reinforge.config.load import save_config
-from reinforge.trainers.checkpoint import export_hf, resume_single_model_run, save_single_model_run
-from reinforge.trainers.logging import RunLogger, Timer
+from reinforge.trainers.checkpoint import SingleModelCheckpoints, claim_run_dir, export_hf
+from reinforge.trainers.logging import RunLogger, Timer, due, note_skipped, skipped_metrics
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
 
@@ -48,15 +46,17 @@ def load_pairs(cfg, tokenizer) -> tuple[PairSubset, PairSubset | None]:
 
     d = cfg.data
 
-    def read(files):
+    def read(files, what: str):
         parts = [PreferenceDataset(f, tokenizer, max_length=d.max_length, overlong=d.overlong) for f in files]
-        return [it for p in parts for it in p.items]
+        skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
+                               "data.overlong=skip")
+        return [it for p in parts for it in p.items], skipped
 
-    train = read(d.train_files)
+    train, cfg.derived["skipped_rows"] = read(d.train_files, "training pairs")
     idx = list(range(len(train)))
     val = None
     if d.val_files:
-        held = read(d.val_files)
+        held, _ = read(d.val_files, "held-out pairs")
         val = PairSubset(held, list(range(min(len(held), d.max_val_pairs))))
     elif d.val_fraction > 0:
         random.Random(f"{d.seed}:val-split").shuffle(idx)
@@ -97,9 +97,10 @@ def weighted_mean(parts: list[tuple[int, dict]]) -> dict[str, float]:
     return out
 
 
-class PairTrainer:
+class PairTrainer(SingleModelCheckpoints):
     """The loop around `pair_loss`. Subclasses set self.model (the trained module) before
-    calling `setup`, and may extend `evaluate` and `export`."""
+    calling `setup`, may set self.prompt_eval (a PromptEvaluator) after it, and may extend
+    `evaluate` and `export`."""
 
     name = "pref"
 
@@ -116,6 +117,7 @@ class PairTrainer:
         self.sched = make_scheduler(self.opt, o.warmup_steps, self.total_steps, o.lr_schedule)
         self.guard = NonFiniteGuard(5, self.name)
         self.timer, self.step_idx = Timer(), 0
+        self.prompt_eval = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
     def pair_loss(self, items: list[dict], split: str = "train") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
@@ -141,49 +143,58 @@ class PairTrainer:
 
     @torch.no_grad()
     def evaluate(self) -> dict[str, float]:
-        """Held-out pairs: the same loss and metrics, prefixed val/, without dropout."""
-        if not self.val:
-            return {}
-        self.model.eval()
-        try:
-            parts = []
-            for start in range(0, len(self.val), self.micro):
-                chunk = [self.val[i] for i in range(start, min(start + self.micro, len(self.val)))]
-                loss, m = self.pair_loss(chunk, split="val")
-                parts.append((len(chunk), {"loss": loss, **m}))
-        finally:
-            self.model.train()
-        return {f"val/{k}": v for k, v in weighted_mean(parts).items()}
+        """Held-out pairs: the same loss and metrics, prefixed val/, without dropout; and the
+        policy's accuracy on eval prompts when self.prompt_eval is set."""
+        out: dict[str, float] = {}
+        if self.val:
+            self.model.eval()
+            try:
+                parts = []
+                for start in range(0, len(self.val), self.micro):
+                    chunk = [self.val[i] for i in range(start, min(start + self.micro, len(self.val)))]
+                    loss, m = self.pair_loss(chunk, split="val")
+                    parts.append((len(chunk), {"loss": loss, **m}))
+            finally:
+                self.model.train()
+            out = {f"val/{k}": v for k, v in weighted_mean(parts).items()}
+        if self.prompt_eval is not None:
+            out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl"))
+        return out
 
     # ---- the loop ---------------------------------------------------------------------------
     def fit(self, resume: bool | str = False) -> dict[str, float]:
+        """Train to total_steps. `resume`: True (latest checkpoint in run_dir) or a checkpoint path."""
         t = self.cfg.trainer
-        self._lock = lock_run_dir(self.run_dir)
-        if resume:
-            self.resume(None if resume is True else resume)
-        save_config(self.cfg, self.run_dir / "config.yaml")
-        logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
-                           progress=t.progress, config=self.cfg.to_dict(), desc=self.name)
         last: dict[str, float] = {}
         try:
-            if t.val_before_train and self.step_idx == 0:
-                last = self._validate(logger)
-                logger.log(0, last)
-            while self.step_idx < self.total_steps:
-                self.step_idx += 1
-                metrics = self.step()
-                if (t.val_every and self.step_idx % t.val_every == 0) or self.step_idx == self.total_steps:
-                    metrics.update(self._validate(logger))
-                logger.log(self.step_idx, metrics)
-                logger.advance()
-                last = {**last, **metrics}
-                if (t.save_every and self.step_idx % t.save_every == 0) or self.step_idx == self.total_steps:
-                    self.save()
-            if t.export_hf:
-                self.export()
+            with claim_run_dir(self.run_dir, self.cfg):
+                if resume:
+                    self.resume(None if resume is True else resume)
+                logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
+                                   progress=t.progress, config=self.cfg.to_dict(), desc=self.name)
+                try:
+                    if self.step_idx == 0:
+                        last = self._validate(logger) if t.val_before_train else {}
+                        first = {**last, **skipped_metrics(self.cfg)}
+                        if first:
+                            logger.log(0, first)
+                    while self.step_idx < self.total_steps:
+                        self.step_idx += 1
+                        metrics = self.step()
+                        if due(t.val_every, self.step_idx, self.total_steps):
+                            metrics.update(self._validate(logger))
+                        logger.log(self.step_idx, metrics)
+                        logger.advance()
+                        last = {**last, **metrics}
+                        if due(t.save_every, self.step_idx, self.total_steps):
+                            self.save()
+                    if t.export_hf:
+                        self.export()
+                finally:
+                    logger.close()
         finally:
-            logger.close()
-            self._lock.close()
+            if self.prompt_eval is not None:
+                self.prompt_eval.close()
         return last
 
     def _validate(self, logger: RunLogger) -> dict[str, float]:
@@ -196,49 +207,3 @@ class PairTrainer:
 
     def export(self) -> Path:
         return export_hf(self.model, self.tok, self.run_dir / "hf")
-
-    # ---- checkpoints --------------------------------------------------------------------------
-    def save(self) -> Path:
-        return save_single_model_run(self.run_dir, self.step_idx, self.model, self.opt, self.sched, self.loader,
-                                     self.cfg, self.cfg.trainer.keep_last)
-
-    def resume(self, path: str | None = None) -> int:
-        """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
-        step = resume_single_model_run(self.run_dir, path, self.model, self.opt, self.sched, self.loader)
-        if step is None:
-            print(f"[reinforge] no checkpoint in {self.run_dir / 'checkpoints'}; starting from step 0", file=sys.stderr)
-            return 0
-        self.step_idx = step
-        return self.step_idx
-
-
-def lock_run_dir(run_dir: Path):
-    """Hold an exclusive lock on run_dir/.lock: two runs writing one run directory would
-    interleave metrics.jsonl and race on checkpoints. The OS drops the lock if the process dies."""
-    import fcntl
-
-    from reinforge.config.load import ConfigError
-
-    run_dir.mkdir(parents=True, exist_ok=True)
-    f = open(run_dir / ".lock", "w")
-    try:
-        fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        f.close()
-        raise ConfigError(f"trainer.run_dir={str(run_dir)!r} is in use by another running process") from None
-    return f
-
-
-def prepare(schema, args_or_cfg):
-    """Config from CLI args (config, overrides) or a ready config object (the trainers seed)."""
-    from reinforge.config.load import load_config
-
-    cfg = args_or_cfg if isinstance(args_or_cfg, schema) else load_config(
-        schema, args_or_cfg.config, list(args_or_cfg.overrides))
-    return cfg
-
-
-def print_summary(final: dict, run_dir: str) -> None:
-    keys = [k for k in sorted(final) if k.startswith("val/") and not k.startswith("val/timing")]
-    shown = ", ".join(f"{k}={final[k]:.3f}" for k in keys[:12])
-    print(f"done. {shown}\nrun directory: {run_dir}")

@@ -17,16 +17,15 @@ import time
 from pathlib import Path
 
 import torch
-import yaml
 
 from reinforge.algos.advantages import NEEDS_BASELINE
 from reinforge.config.load import ConfigError
 from reinforge.protocol import Batch
 from reinforge.trainers import stages
 from reinforge.seeding import seed_everything
-from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, rng_state, save_checkpoint,
-                                           set_rng_state)
-from reinforge.trainers.logging import RunLogger, Timer
+from reinforge.trainers.checkpoint import (claim_run_dir, export_hf, latest_checkpoint, load_checkpoint, no_checkpoint,
+                                           rng_state, save_checkpoint, set_rng_state)
+from reinforge.trainers.logging import RunLogger, Timer, due
 from reinforge.trainers.metrics import batch_metrics
 from reinforge.trainers.rl_setup import build_components
 from reinforge.trainers.validation import prompts_batch, validate
@@ -106,10 +105,7 @@ class RLTrainer:
             with self.timer("update_actor"):
                 metrics.update(self.actor.update(batch))
         self.rollout.sync_weights(self.actor_model)
-        if self.step_idx == cfg.algorithm.value_pretrain_steps and self.critic is not None:
-            # VAPO: the pretrained critic is kept for later runs (critic.model_path=...).
-            export_hf(self.critic_model, self.tok, self.run_dir / "critic_pretrained")
-        metrics.update(batch_metrics(batch, cfg.rollout.max_response_length))
+        metrics.update(batch_metrics(batch))
         metrics.update(self.timer.pop())
         elapsed = time.perf_counter() - t0
         metrics["timing_s/step"] = elapsed
@@ -138,34 +134,41 @@ class RLTrainer:
     def fit(self, resume: bool | str = False) -> dict[str, float]:
         """Train to trainer.total_steps. `resume`: True (latest checkpoint) or a checkpoint path."""
         t = self.cfg.trainer
-        if resume:
-            self.resume(None if resume is True else resume)
-        logger = RunLogger(self.run_dir, list(t.loggers), t.total_steps, start_step=self.step_idx,
-                           progress=t.progress, config=self.cfg.to_dict())
         last: dict[str, float] = {}
         try:
-            if self.step_idx == 0:
-                last = self.run_validation() if t.val_before_train else {}
-                logger.log(0, {**last, "data/skipped_prompts": float(self.cfg.derived.get("skipped_prompts", 0))})
-            while self.step_idx < t.total_steps:
-                self.step_idx += 1
-                metrics = self.step()
-                if (t.val_every and self.step_idx % t.val_every == 0) or self.step_idx == t.total_steps:
-                    metrics.update(self.run_validation())
-                logger.log(self.step_idx, metrics)
-                logger.advance()
-                last = {**last, **metrics}
-                if (t.save_every and self.step_idx % t.save_every == 0) or self.step_idx == t.total_steps:
-                    self.save()
-            if t.export_hf:
-                export_hf(self.actor_model, self.tok, self.run_dir / "hf")
-        finally:
-            logger.close()
-            self.reward.close()
-        if t.report:
-            from reinforge.report import write_report
+            with claim_run_dir(self.run_dir, self.cfg):
+                if resume:
+                    self.resume(None if resume is True else resume)
+                logger = RunLogger(self.run_dir, list(t.loggers), t.total_steps, start_step=self.step_idx,
+                                   progress=t.progress, config=self.cfg.to_dict())
+                try:
+                    if self.step_idx == 0:
+                        last = self.run_validation() if t.val_before_train else {}
+                        logger.log(0, {**last, "data/skipped_prompts": float(self.cfg.derived.get("skipped_prompts", 0))})
+                    while self.step_idx < t.total_steps:
+                        self.step_idx += 1
+                        metrics = self.step()
+                        if self.critic is not None and self.step_idx == self.cfg.algorithm.value_pretrain_steps:
+                            # VAPO: the pretrained critic is kept for later runs (critic.model_path=...),
+                            # also when this step found nothing to learn from (step/skipped).
+                            export_hf(self.critic_model, self.tok, self.run_dir / "critic_pretrained")
+                        if due(t.val_every, self.step_idx, t.total_steps):
+                            metrics.update(self.run_validation())
+                        logger.log(self.step_idx, metrics)
+                        logger.advance()
+                        last = {**last, **metrics}
+                        if due(t.save_every, self.step_idx, t.total_steps):
+                            self.save()
+                    if t.export_hf:
+                        export_hf(self.actor_model, self.tok, self.run_dir / "hf")
+                finally:
+                    logger.close()
+                if t.report:
+                    from reinforge.report import write_report
 
-            write_report(self.run_dir)
+                    write_report(self.run_dir)
+        finally:
+            self.reward.close()
         return last
 
     # ---- checkpoints --------------------------------------------------------------------------
@@ -185,15 +188,14 @@ class RLTrainer:
                 writers.append(lambda d, n=name, w=worker: state.__setitem__(n, w.save_sharded(d / f"{n}_sharded")))
             elif worker is not None:
                 state[name] = worker.state_dict()
-        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self._models(), state,
-                               yaml.safe_dump(self.cfg.to_dict(), sort_keys=False), self.cfg.trainer.keep_last,
-                               writers=tuple(writers))
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self._models(), state, self.cfg,
+                               self.cfg.trainer.keep_last, writers=tuple(writers))
 
     def resume(self, path: str | None = None) -> int:
         """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
         ckpt = Path(path) if path else latest_checkpoint(self.run_dir / "checkpoints")
         if ckpt is None:
-            return 0
+            return no_checkpoint(self.run_dir / "checkpoints")
         state = load_checkpoint(ckpt, self._models())
         self.step_idx, self.next_uid = state["step"], state["next_uid"]
         self.loader.load_state_dict(state["loader"])

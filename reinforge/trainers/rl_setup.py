@@ -12,6 +12,7 @@ from reinforge.config.load import ConfigError
 from reinforge.config.schema import RLConfig
 from reinforge.config.validate import validate
 from reinforge.models.loading import load_causal_lm, load_critic, load_tokenizer
+from reinforge.trainers.logging import note_skipped
 from reinforge.workers.actor import ActorWorker
 from reinforge.workers.critic import CriticWorker
 from reinforge.workers.reference import ReferenceWorker
@@ -146,11 +147,9 @@ def build_components(cfg: RLConfig) -> Components:
     if len(train) < cfg.data.train_batch_size:
         raise ConfigError(f"data.train_files hold {len(train)} usable prompts, fewer than "
                          f"data.train_batch_size={cfg.data.train_batch_size}")
-    skipped = sum(getattr(p, "num_skipped", 0) for p in getattr(train, "parts", [train]))
-    if skipped:
-        print(f"[reinforge] skipped {skipped} training prompts longer than data.max_prompt_length="
-              f"{cfg.data.max_prompt_length} (data.overlong_prompt=skip)")
-    cfg.derived["skipped_prompts"] = skipped
+    cfg.derived["skipped_prompts"] = note_skipped(
+        sum(getattr(p, "num_skipped", 0) for p in getattr(train, "parts", [train])), "training prompts",
+        f"data.max_prompt_length={cfg.data.max_prompt_length}", "data.overlong_prompt=skip")
     val_items = []
     if cfg.data.val_files:
         val = load_prompts(list(cfg.data.val_files), tok, cfg)
@@ -159,7 +158,7 @@ def build_components(cfg: RLConfig) -> Components:
         w, group = build_ray_workers(cfg)
         from reinforge.distributed.proxies import SyncedRollout
 
-        rollout = SyncedRollout(make_rollout(cfg, w.actor_model, tok), group)
+        rollout = SyncedRollout(make_rollout(cfg, w.actor_model, tok), w.actor)
     else:
         w = build_workers(cfg)
         rollout = make_rollout(cfg, w.actor_model, tok)

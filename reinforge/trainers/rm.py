@@ -20,7 +20,7 @@ from reinforge.config.preference import RMConfig
 from reinforge.models.forward import position_ids_from_mask
 from reinforge.models.loading import resolve_dtype
 from reinforge.seeding import seed_everything
-from reinforge.trainers.preference_common import PairTrainer, load_inputs, pair_tensors, prepare, print_summary
+from reinforge.trainers.preference_common import PairTrainer, load_inputs, pair_tensors
 
 
 def load_rm_for_training(path: str, tokenizer, model_cfg, device: str):
@@ -85,14 +85,3 @@ class RMTrainer(PairTrainer):
             metrics = {"rewards/chosen": chosen.mean(), "rewards/rejected": rejected.mean(),
                        "rewards/accuracies": bt["accuracy"], "rewards/margins": bt["margin"]}
         return loss, metrics
-
-
-def main(args) -> int:
-    """`reinforge rm [--config rm] [--resume] overrides...`"""
-    if getattr(args, "config", None) is None:
-        args.config = "rm"
-    cfg = prepare(RMConfig, args)
-    trainer = RMTrainer(cfg)
-    final = trainer.fit(resume=args.resume_from or args.resume)
-    print_summary(final, cfg.trainer.run_dir)
-    return 0

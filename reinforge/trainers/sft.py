@@ -23,8 +23,9 @@ from reinforge.config.sft import SFTConfig, validate_sft
 from reinforge.models.forward import position_ids_from_mask
 from reinforge.models.forward import token_logprobs as response_token_logprobs
 from reinforge.seeding import seed_everything
-from reinforge.trainers.checkpoint import export_hf, resume_single_model_run, save_single_model_run
-from reinforge.trainers.logging import RunLogger, Timer
+from reinforge.trainers.checkpoint import SingleModelCheckpoints, claim_run_dir, export_hf
+from reinforge.trainers.logging import RunLogger, Timer, due, note_skipped, skipped_metrics
+from reinforge.trainers.validation import PromptEvaluator
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
 
@@ -59,7 +60,8 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     every pad query still sees itself (no all-masked softmax row, whose NaN would leak into
     backward) and real tokens never see pads (they come later).
     """
-    from reinforge.data.sft import collate_sft, pad_right
+    from reinforge.data.collate import pad_right
+    from reinforge.data.sft import collate_sft
 
     if "segment" not in rows[0]:
         out = collate_sft(rows, pad_id)
@@ -86,7 +88,7 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None
 
 
 # ---- the trainer --------------------------------------------------------------------------------
-class SFTTrainer:
+class SFTTrainer(SingleModelCheckpoints):
     def __init__(self, cfg: SFTConfig):
         from reinforge.data import PromptLoader, SFTDataset  # PromptLoader: a seeded, resumable order
         from reinforge.models.loading import load_causal_lm, load_tokenizer
@@ -97,13 +99,16 @@ class SFTTrainer:
         self.device = cfg.derived["device"]
         self.tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
 
-        def load(files: list) -> list[dict]:
-            return [it for f in files for it in SFTDataset(f, self.tok, max_length=d.max_length, overlong=d.overlong)]
+        def load(files: list, what: str) -> tuple[list[dict], int]:
+            parts = [SFTDataset(f, self.tok, max_length=d.max_length, overlong=d.overlong) for f in files]
+            skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
+                                   "data.overlong=skip")
+            return [it for p in parts for it in p], skipped
 
-        train = load(d.train_files)
+        train, cfg.derived["skipped_rows"] = load(d.train_files, "training rows")
         # Packing happens once, in file order; the loader then shuffles whole packed rows.
         self.train_rows = pack_examples(train, d.max_length) if d.packing else train
-        self.val_rows = load(d.val_files)  # validation loss is computed unpacked
+        self.val_rows, _ = load(d.val_files, "held-out rows")  # validation loss is computed unpacked
         validate_sft(cfg, len(self.train_rows))
         self.total_steps = cfg.derived["total_steps"]
         self.loader = PromptLoader(self.train_rows, min(d.batch_size, len(self.train_rows)), seed=d.seed)
@@ -116,6 +121,9 @@ class SFTTrainer:
         self.sched = make_scheduler(self.opt, o.warmup_steps, self.total_steps, o.lr_schedule)
         self.guard = NonFiniteGuard(5, "sft")  # as the DPO / RM trainers
         self.run_dir, self.step_idx, self.timer = Path(cfg.trainer.run_dir), 0, Timer()
+        # Accuracy on eval.prompt_files: the prompts are read and the reward worker built once.
+        self.prompt_eval = PromptEvaluator(self.model, self.tok, cfg.eval, device=self.device,
+                                           pass_k=cfg.eval.pass_k) if cfg.eval.prompt_files else None
 
     def _to_device(self, b: dict) -> dict:
         return {k: v.to(self.device) for k, v in b.items()}
@@ -163,84 +171,41 @@ class SFTTrainer:
         """Validation loss, and greedy / sampled accuracy and pass@k on eval.prompt_files."""
         with self.timer("val"):
             out = self.val_loss()
-            if self.cfg.eval.prompt_files:
-                out.update(evaluate_prompts(self.model, self.tok, self.cfg, self.run_dir, self.step_idx))
+            if self.prompt_eval is not None:
+                out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl"))
         return {**out, **self.timer.pop()}
 
     def fit(self, resume: bool | str = False) -> dict[str, float]:
         """Train to total_steps. `resume`: True (latest checkpoint in run_dir) or a checkpoint path."""
         t = self.cfg.trainer
-        if resume:
-            self.resume(None if resume is True else resume)
-        logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
-                           progress=t.progress, config=self.cfg.to_dict(), desc="sft")
         last: dict[str, float] = {}
         try:
-            if t.val_before_train and self.step_idx == 0:
-                last = self.evaluate()
-                logger.log(0, last)
-            while self.step_idx < self.total_steps:
-                self.step_idx += 1
-                metrics = self.step()
-                if (t.val_every and self.step_idx % t.val_every == 0) or self.step_idx == self.total_steps:
-                    metrics.update(self.evaluate())
-                logger.log(self.step_idx, metrics)
-                logger.advance()
-                last = {**last, **metrics}
-                if (t.save_every and self.step_idx % t.save_every == 0) or self.step_idx == self.total_steps:
-                    self.save()
-            if t.export_hf:
-                export_hf(self.model, self.tok, self.run_dir / "hf")
+            with claim_run_dir(self.run_dir, self.cfg):
+                if resume:
+                    self.resume(None if resume is True else resume)
+                logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
+                                   progress=t.progress, config=self.cfg.to_dict(), desc="sft")
+                try:
+                    if self.step_idx == 0:
+                        last = self.evaluate() if t.val_before_train else {}
+                        first = {**last, **skipped_metrics(self.cfg)}
+                        if first:
+                            logger.log(0, first)
+                    while self.step_idx < self.total_steps:
+                        self.step_idx += 1
+                        metrics = self.step()
+                        if due(t.val_every, self.step_idx, self.total_steps):
+                            metrics.update(self.evaluate())
+                        logger.log(self.step_idx, metrics)
+                        logger.advance()
+                        last = {**last, **metrics}
+                        if due(t.save_every, self.step_idx, self.total_steps):
+                            self.save()
+                    if t.export_hf:
+                        export_hf(self.model, self.tok, self.run_dir / "hf")
+                finally:
+                    logger.close()
         finally:
-            logger.close()
+            if self.prompt_eval is not None:
+                self.prompt_eval.close()
         return last
-
-    # ---- checkpoints ----------------------------------------------------------------------------
-    def save(self) -> Path:
-        return save_single_model_run(self.run_dir, self.step_idx, self.model, self.opt, self.sched, self.loader,
-                                     self.cfg, self.cfg.trainer.keep_last)
-
-    def resume(self, path: str | None = None) -> int:
-        """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
-        step = resume_single_model_run(self.run_dir, path, self.model, self.opt, self.sched, self.loader)
-        if step is None:
-            return 0
-        self.step_idx = step
-        return self.step_idx
-
-
-def evaluate_prompts(model, tok, cfg: SFTConfig, run_dir: Path, step: int) -> dict[str, float]:
-    """The RL trainer's validation (greedy, sampled mean@n, pass@k) on the eval prompt files."""
-    from reinforge.config.schema import AlgorithmConfig, RewardConfig
-    from reinforge.trainers.rl_setup import ConcatDataset
-    from reinforge.trainers.validation import validate
-    from reinforge.workers.reward import RewardWorker
-    from reinforge.workers.rollout.hf import HFRollout
-    from reinforge.data import RLDataset
-
-    e = cfg.eval
-    parts = [RLDataset(f, tok, max_prompt_length=e.max_prompt_length) for f in e.prompt_files]
-    data = parts[0] if len(parts) == 1 else ConcatDataset(parts)
-    items = [data[i] for i in range(min(len(data), e.max_samples))]
-    rollout = HFRollout(model, tok, max_prompt_length=e.max_prompt_length, max_response_length=e.max_response_length)
-    reward = RewardWorker(tok, RewardConfig(functions=list(e.reward_functions)), AlgorithmConfig(),
-                          max_response_length=e.max_response_length)
-    try:
-        return validate(rollout, reward, items, n=e.n, temperature=e.temperature,
-                        pass_k=[k for k in e.pass_k if k <= e.n], batch_size=e.batch_size,
-                        samples_path=run_dir / "samples" / f"step_{step}.jsonl")
-    finally:
-        reward.close()
-
-
-def main(args) -> int:
-    """`reinforge sft --config <preset or yaml> [--resume] key=value ...`"""
-    from reinforge.config.load import load_config, save_config
-
-    cfg = load_config(SFTConfig, args.config, args.overrides)
-    trainer = SFTTrainer(cfg)
-    save_config(cfg, Path(cfg.trainer.run_dir) / "config.yaml")
-    final = trainer.fit(resume=args.resume_from or args.resume)
-    shown = ", ".join(f"{k}={final[k]:.4f}" for k in sorted(final) if k.startswith("val/") and k.count("/") == 1)
-    print(f"done. {shown}\nrun directory: {cfg.trainer.run_dir}\nmodel: {Path(cfg.trainer.run_dir) / 'hf'}")
-    return 0

@@ -68,3 +68,41 @@ def validate(rollout, reward, items: list[dict], *, n: int, temperature: float, 
                                     "ground_truth": str(greedy["ground_truth"][i]),
                                     "score": float(greedy["seq_scores"][i]), "acc": float(g_acc[i])}) + "\n")
     return metrics
+
+
+class PromptEvaluator:
+    """Greedy accuracy, sampled mean@n and pass@k of a model on RL-schema prompt files (the RL
+    trainer's validation), for SFT, DPO and `reinforge eval`. The prompts are tokenised once;
+    generation runs on the model as it is at each call.
+
+    `e` is an eval section (reinforge.config.common.GenEvalConfig or SFTEvalConfig)."""
+
+    def __init__(self, model, tokenizer, e, *, device: str = "cpu", pass_k=()):
+        from reinforge.data import RLDataset
+        from reinforge.workers.rollout.hf import HFRollout
+
+        self.e, self.tok, self.device = e, tokenizer, device
+        self.pass_k = [k for k in pass_k if k <= e.n]
+        items = [it for f in e.prompt_files for it in RLDataset(f, tokenizer, max_prompt_length=e.max_prompt_length)]
+        self.items = items[:e.max_samples]
+        self.rollout = HFRollout(model, tokenizer, max_prompt_length=e.max_prompt_length,
+                                 max_response_length=e.max_response_length, micro_batch_size=e.batch_size)
+        self.reward = self._reward_worker()
+
+    def _reward_worker(self):
+        from reinforge.config.schema import AlgorithmConfig, RewardConfig
+        from reinforge.workers.reward import RewardWorker
+
+        return RewardWorker(self.tok, RewardConfig(functions=list(self.e.reward_functions)), AlgorithmConfig(),
+                            max_response_length=self.e.max_response_length, device=self.device)
+
+    def __call__(self, samples_path: Path | None = None) -> dict[str, float]:
+        if self.reward is None:  # used again after close()
+            self.reward = self._reward_worker()
+        return validate(self.rollout, self.reward, self.items, n=self.e.n, temperature=self.e.temperature,
+                        pass_k=self.pass_k, batch_size=self.e.batch_size, samples_path=samples_path)
+
+    def close(self) -> None:
+        if self.reward is not None:
+            self.reward.close()
+            self.reward = None
