@@ -13,8 +13,9 @@ from pathlib import Path
 
 import torch
 
-from reinforge.trainers.checkpoint import SingleModelCheckpoints, claim_run_dir, export_hf
-from reinforge.trainers.logging import RunLogger, Timer, due, note_skipped, skipped_metrics
+from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
+from reinforge.trainers.logging import RunLogger, Timer, note_skipped
+from reinforge.trainers.loop import TrainingLoop
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
 
@@ -97,7 +98,7 @@ def weighted_mean(parts: list[tuple[int, dict]]) -> dict[str, float]:
     return out
 
 
-class PairTrainer(SingleModelCheckpoints):
+class PairTrainer(SingleModelCheckpoints, TrainingLoop):
     """The loop around `pair_loss`. Subclasses set self.model (the trained module) before
     calling `setup`, may set self.prompt_eval (a PromptEvaluator) after it, and may extend
     `evaluate` and `export`."""
@@ -162,42 +163,15 @@ class PairTrainer(SingleModelCheckpoints):
         return out
 
     # ---- the loop ---------------------------------------------------------------------------
-    def fit(self, resume: bool | str = False) -> dict[str, float]:
-        """Train to total_steps. `resume`: True (latest checkpoint in run_dir) or a checkpoint path."""
-        t = self.cfg.trainer
-        last: dict[str, float] = {}
-        try:
-            with claim_run_dir(self.run_dir, self.cfg):
-                if resume:
-                    self.resume(None if resume is True else resume)
-                logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
-                                   progress=t.progress, config=self.cfg.to_dict(), desc=self.name)
-                try:
-                    if self.step_idx == 0:
-                        last = self._validate(logger) if t.val_before_train else {}
-                        first = {**last, **skipped_metrics(self.cfg)}
-                        if first:
-                            logger.log(0, first)
-                    while self.step_idx < self.total_steps:
-                        self.step_idx += 1
-                        metrics = self.step()
-                        if due(t.val_every, self.step_idx, self.total_steps):
-                            metrics.update(self._validate(logger))
-                        logger.log(self.step_idx, metrics)
-                        logger.advance()
-                        last = {**last, **metrics}
-                        if due(t.save_every, self.step_idx, self.total_steps):
-                            self.save()
-                    if t.export_hf:
-                        self.export()
-                finally:
-                    logger.close()
-        finally:
-            if self.prompt_eval is not None:
-                self.prompt_eval.close()
-        return last
+    @property
+    def progress_desc(self) -> str:
+        return self.name
 
-    def _validate(self, logger: RunLogger) -> dict[str, float]:
+    def close(self) -> None:
+        if self.prompt_eval is not None:
+            self.prompt_eval.close()
+
+    def validate(self, logger: RunLogger) -> dict[str, float]:
         with self.timer("val"):
             m = self.evaluate()
         shown = {k: v for k, v in m.items() if k in ("val/loss", "val/rewards/accuracies", "val/acc_greedy")}

@@ -23,15 +23,16 @@ from reinforge.config.load import ConfigError
 from reinforge.protocol import Batch
 from reinforge.trainers import stages
 from reinforge.seeding import seed_everything
-from reinforge.trainers.checkpoint import (claim_run_dir, export_hf, latest_checkpoint, load_checkpoint, no_checkpoint,
-                                           rng_state, save_checkpoint, set_rng_state)
-from reinforge.trainers.logging import RunLogger, Timer, due
+from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
+                                           save_checkpoint, set_rng_state)
+from reinforge.trainers.logging import Timer
+from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.metrics import batch_metrics
 from reinforge.trainers.rl_setup import build_components
 from reinforge.trainers.validation import prompts_batch, validate
 
 
-class RLTrainer:
+class RLTrainer(TrainingLoop):
     def __init__(self, cfg):
         self.cfg = cfg
         seed_everything(cfg.trainer.seed)
@@ -131,45 +132,33 @@ class RLTrainer:
                          samples_path=self.run_dir / "samples" / f"step_{self.step_idx}.jsonl")
         return {**m, **self.timer.pop()}
 
-    def fit(self, resume: bool | str = False) -> dict[str, float]:
-        """Train to trainer.total_steps. `resume`: True (latest checkpoint) or a checkpoint path."""
-        t = self.cfg.trainer
-        last: dict[str, float] = {}
-        try:
-            with claim_run_dir(self.run_dir, self.cfg):
-                if resume:
-                    self.resume(None if resume is True else resume)
-                logger = RunLogger(self.run_dir, list(t.loggers), t.total_steps, start_step=self.step_idx,
-                                   progress=t.progress, config=self.cfg.to_dict())
-                try:
-                    if self.step_idx == 0:
-                        last = self.run_validation() if t.val_before_train else {}
-                        logger.log(0, {**last, "data/skipped_prompts": float(self.cfg.derived.get("skipped_prompts", 0))})
-                    while self.step_idx < t.total_steps:
-                        self.step_idx += 1
-                        metrics = self.step()
-                        if self.critic is not None and self.step_idx == self.cfg.algorithm.value_pretrain_steps:
-                            # VAPO: the pretrained critic is kept for later runs (critic.model_path=...),
-                            # also when this step found nothing to learn from (step/skipped).
-                            export_hf(self.critic_model, self.tok, self.run_dir / "critic_pretrained")
-                        if due(t.val_every, self.step_idx, t.total_steps):
-                            metrics.update(self.run_validation())
-                        logger.log(self.step_idx, metrics)
-                        logger.advance()
-                        last = {**last, **metrics}
-                        if due(t.save_every, self.step_idx, t.total_steps):
-                            self.save()
-                    if t.export_hf:
-                        export_hf(self.actor_model, self.tok, self.run_dir / "hf")
-                finally:
-                    logger.close()
-                if t.report:
-                    from reinforge.report import write_report
+    def validate(self, logger=None) -> dict[str, float]:
+        return self.run_validation()
 
-                    write_report(self.run_dir)
-        finally:
-            self.reward.close()
-        return last
+    @property
+    def total_steps(self) -> int:
+        return self.cfg.trainer.total_steps
+
+    def first_metrics(self) -> dict[str, float]:
+        return {"data/skipped_prompts": float(self.cfg.derived.get("skipped_prompts", 0))}
+
+    def after_step(self) -> None:
+        if self.critic is not None and self.step_idx == self.cfg.algorithm.value_pretrain_steps:
+            # VAPO: the pretrained critic is kept for later runs (critic.model_path=...), also
+            # when this step found nothing to learn from (step/skipped).
+            export_hf(self.critic_model, self.tok, self.run_dir / "critic_pretrained")
+
+    def export(self) -> Path:
+        return export_hf(self.actor_model, self.tok, self.run_dir / "hf")
+
+    def finish(self) -> None:
+        if self.cfg.trainer.report:
+            from reinforge.report import write_report
+
+            write_report(self.run_dir)
+
+    def close(self) -> None:
+        self.reward.close()
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _models(self) -> dict:

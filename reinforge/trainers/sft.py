@@ -23,8 +23,9 @@ from reinforge.config.sft import SFTConfig, validate_sft
 from reinforge.models.forward import position_ids_from_mask
 from reinforge.models.forward import token_logprobs as response_token_logprobs
 from reinforge.seeding import seed_everything
-from reinforge.trainers.checkpoint import SingleModelCheckpoints, claim_run_dir, export_hf
-from reinforge.trainers.logging import RunLogger, Timer, due, note_skipped, skipped_metrics
+from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
+from reinforge.trainers.logging import Timer, note_skipped
+from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.validation import PromptEvaluator
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
@@ -88,7 +89,9 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None
 
 
 # ---- the trainer --------------------------------------------------------------------------------
-class SFTTrainer(SingleModelCheckpoints):
+class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
+    progress_desc = "sft"
+
     def __init__(self, cfg: SFTConfig):
         from reinforge.data import PromptLoader, SFTDataset  # PromptLoader: a seeded, resumable order
         from reinforge.models.loading import load_causal_lm, load_tokenizer
@@ -175,37 +178,12 @@ class SFTTrainer(SingleModelCheckpoints):
                 out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl"))
         return {**out, **self.timer.pop()}
 
-    def fit(self, resume: bool | str = False) -> dict[str, float]:
-        """Train to total_steps. `resume`: True (latest checkpoint in run_dir) or a checkpoint path."""
-        t = self.cfg.trainer
-        last: dict[str, float] = {}
-        try:
-            with claim_run_dir(self.run_dir, self.cfg):
-                if resume:
-                    self.resume(None if resume is True else resume)
-                logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
-                                   progress=t.progress, config=self.cfg.to_dict(), desc="sft")
-                try:
-                    if self.step_idx == 0:
-                        last = self.evaluate() if t.val_before_train else {}
-                        first = {**last, **skipped_metrics(self.cfg)}
-                        if first:
-                            logger.log(0, first)
-                    while self.step_idx < self.total_steps:
-                        self.step_idx += 1
-                        metrics = self.step()
-                        if due(t.val_every, self.step_idx, self.total_steps):
-                            metrics.update(self.evaluate())
-                        logger.log(self.step_idx, metrics)
-                        logger.advance()
-                        last = {**last, **metrics}
-                        if due(t.save_every, self.step_idx, self.total_steps):
-                            self.save()
-                    if t.export_hf:
-                        export_hf(self.model, self.tok, self.run_dir / "hf")
-                finally:
-                    logger.close()
-        finally:
-            if self.prompt_eval is not None:
-                self.prompt_eval.close()
-        return last
+    def validate(self, logger=None) -> dict[str, float]:
+        return self.evaluate()
+
+    def export(self) -> Path:
+        return export_hf(self.model, self.tok, self.run_dir / "hf")
+
+    def close(self) -> None:
+        if self.prompt_eval is not None:
+            self.prompt_eval.close()

@@ -16,7 +16,8 @@ from reinforge.models.forward import response_logprobs
 from reinforge.models.packing import micro_batches, packed_response_logprobs, restore_order
 from reinforge.protocol import Batch
 from reinforge.workers import dp
-from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
+from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
+                                     mini_batches)
 
 
 class MetricSum:
@@ -45,7 +46,7 @@ class MetricSum:
         return {f"{prefix}{k}": float(v) / max(count, 1) for k, v in self.sums.items()}
 
 
-class ActorWorker:
+class ActorWorker(TrainedWorkerState):
     def __init__(self, model, cfg: ActorConfig, model_cfg: ModelConfig, *, total_steps: int,
                  mini_batch_size: int, micro_batch_size: int, loss_norm_const: float, seed: int):
         self.model, self.cfg, self.mcfg = model, cfg, model_cfg
@@ -142,19 +143,6 @@ class ActorWorker:
         out["actor/lr"] = self.sched.get_last_lr()[0]
         out["actor/nonfinite_skipped"] = float(nonfinite)
         return out
-
-    def state_dict(self, optimizer: bool = True) -> dict:
-        """Optimizer (unless `optimizer=False`: FSDP ranks save theirs sharded), scheduler,
-        shuffling generator and guard."""
-        return {**({"optimizer": self.opt.state_dict()} if optimizer else {}), "scheduler": self.sched.state_dict(),
-                "generator": self.gen.get_state(), "guard": (self.guard.in_a_row, self.guard.total)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "optimizer" in state:
-            self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        self.gen.set_state(state["generator"])
-        self.guard.in_a_row, self.guard.total = state["guard"]
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:

@@ -11,10 +11,11 @@ from reinforge.models.packing import micro_batches, packed_response_values, rest
 from reinforge.protocol import Batch
 from reinforge.workers import dp
 from reinforge.workers.actor import MetricSum, _local, model_device
-from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
+from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
+                                     mini_batches)
 
 
-class CriticWorker:
+class CriticWorker(TrainedWorkerState):
     def __init__(self, model, cfg: CriticConfig, *, total_steps: int, mini_batch_size: int, micro_batch_size: int,
                  seed: int, use_packing: bool = False):
         self.model, self.cfg, self.use_packing = model, cfg, use_packing
@@ -72,17 +73,3 @@ class CriticWorker:
         out = {**sums.all_reduce().result("critic/", n_mini), **shared.result("critic/", n_mini)}
         out["critic/lr"] = self.sched.get_last_lr()[0]
         return out
-
-    def state_dict(self, optimizer: bool = True) -> dict:
-        """Optimizer (unless `optimizer=False`: FSDP ranks save theirs sharded), scheduler,
-        shuffling generator and guard."""
-        return {**({"optimizer": self.opt.state_dict()} if optimizer else {}), "scheduler": self.sched.state_dict(),
-                "generator": self.gen.get_state(), "guard": (self.guard.in_a_row, self.guard.total)}
-
-    def load_state_dict(self, state: dict) -> None:
-        if "optimizer" in state:
-            self.opt.load_state_dict(state["optimizer"])
-        self.sched.load_state_dict(state["scheduler"])
-        self.gen.set_state(state["generator"])
-        if "guard" in state:  # (older checkpoints did not save the critic's)
-            self.guard.in_a_row, self.guard.total = state["guard"]

@@ -67,3 +67,22 @@ class NonFiniteGuard:
             raise FloatingPointError(
                 f"{self.who}: {self.in_a_row} consecutive updates had a non-finite loss or gradient; "
                 f"stopping (lower the learning rate or check the rewards)")
+
+
+class TrainedWorkerState:
+    """Checkpoint state of a worker that trains (actor, critic): its `opt`, `sched`, shuffling
+    `gen` and non-finite `guard`."""
+
+    def state_dict(self, optimizer: bool = True) -> dict:
+        """Optimizer (unless `optimizer=False`: FSDP ranks save theirs sharded), scheduler,
+        shuffling generator and guard."""
+        return {**({"optimizer": self.opt.state_dict()} if optimizer else {}), "scheduler": self.sched.state_dict(),
+                "generator": self.gen.get_state(), "guard": (self.guard.in_a_row, self.guard.total)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "optimizer" in state:  # absent when the ranks restored their optimizer shards themselves
+            self.opt.load_state_dict(state["optimizer"])
+        self.sched.load_state_dict(state["scheduler"])
+        self.gen.set_state(state["generator"])
+        if "guard" in state:  # (older checkpoints did not save the critic's)
+            self.guard.in_a_row, self.guard.total = state["guard"]
