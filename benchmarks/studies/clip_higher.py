@@ -11,27 +11,18 @@ this study never sets, so it is 0.
 """
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from common import final_val, get_base, plot, run_arm, table, window_mean
+from common import SHARED, final_val, plot, run_arm, setup, table, window_mean
 
 ARMS = {"symmetric 0.2/0.2": ["actor.clip_high=0.2"], "clip-higher 0.2/0.28": ["actor.clip_high=0.28"]}
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=40)
-    args = ap.parse_args()
-    out = Path(__file__).parent / "out" / "clip_higher"
-    out.mkdir(parents=True, exist_ok=True)
-    base, paths = get_base(out)
+    args, out, base, paths = setup("clip_higher")
     # Sixteen updates per batch (4 epochs x 4 mini-batches) take the policy off its sampling
     # distribution, so clipping binds and the two arms can differ.
     shared = [f"trainer.total_steps={args.steps}", "actor.lr=3e-5", "actor.ppo_epochs=4", "actor.mini_batch_size=16",
               "data.train_batch_size=8", "rollout.n=8", "rollout.max_response_length=8", "data.max_prompt_length=16",
-              "actor.loss_agg_mode=token-mean", "actor.use_kl_loss=false", "trainer.seed=3",
-              "data.max_val_samples=100", "rollout.val_n=4", "trainer.pass_k=[1,4]"]
+              "actor.loss_agg_mode=token-mean", "actor.use_kl_loss=false", *SHARED]
     arms = {name: run_arm(f"arm_{i}", "grpo", shared + o, base, paths, out) for i, (name, o) in enumerate(ARMS.items())}
     plot(arms, "actor/entropy", "Policy entropy: symmetric clip vs clip-higher", "entropy (nats / token)",
          out / "entropy.png")

@@ -16,6 +16,22 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
+# Every study's seed and validation: the first 100 held-out prompts, 4 samples each.
+SHARED = ["trainer.seed=3", "data.max_val_samples=100", "rollout.val_n=4", "trainer.pass_k=[1,4]"]
+
+
+def setup(study: str, **int_args: int):
+    """Parse --steps (default 40) and the given integer options, make out/<study>/ and get the
+    base. -> (args, output folder, base model folder, data paths)."""
+    import argparse
+
+    ap = argparse.ArgumentParser()
+    for name, default in {"steps": 40, **int_args}.items():
+        ap.add_argument(f"--{name}", type=int, default=default)
+    args = ap.parse_args()
+    out = Path(__file__).parent / "out" / study
+    out.mkdir(parents=True, exist_ok=True)
+    return (args, out, *get_base(out))
 
 
 def get_base(out: Path) -> tuple[Path, dict]:

@@ -7,10 +7,7 @@ benchmarks/studies/out/loss_agg_length/{incorrect_length.png, summary.md}.
 """
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from common import final_val, get_base, plot, run_arm, table, window_mean
+from common import SHARED, final_val, plot, run_arm, setup, table, window_mean
 
 ARMS = {
     "seq-mean-token-mean (GRPO)": ("grpo", ["actor.loss_agg_mode=seq-mean-token-mean"]),
@@ -20,16 +17,10 @@ ARMS = {
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=40)
-    args = ap.parse_args()
-    out = Path(__file__).parent / "out" / "loss_agg_length"
-    out.mkdir(parents=True, exist_ok=True)
-    base, paths = get_base(out)
+    args, out, base, paths = setup("loss_agg_length")
     # Room to ramble: responses may run to 16 tokens although answers need 3.
     shared = [f"trainer.total_steps={args.steps}", "actor.lr=3e-5", "data.train_batch_size=8", "rollout.n=8",
-              "rollout.max_response_length=16", "data.max_prompt_length=16", "actor.use_kl_loss=false",
-              "trainer.seed=3", "data.max_val_samples=100", "rollout.val_n=4", "trainer.pass_k=[1,4]"]
+              "rollout.max_response_length=16", "data.max_prompt_length=16", "actor.use_kl_loss=false", *SHARED]
     arms = {name: run_arm(f"arm_{i}", preset, shared + o, base, paths, out)
             for i, (name, (preset, o)) in enumerate(ARMS.items())}
     plot(arms, "response_length/incorrect_mean", "Length of incorrect responses", "tokens", out / "incorrect_length.png")

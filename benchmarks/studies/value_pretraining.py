@@ -15,24 +15,14 @@ benchmarks/studies/out/value_pretraining/{adv_position.png, length.png, summary.
 """
 from __future__ import annotations
 
-import argparse
-from pathlib import Path
-
-from common import final_val, get_base, plot, run_arm, series, table, window_mean
+from common import SHARED, final_val, plot, run_arm, series, setup, table, window_mean
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--pretrain", type=int, default=20)
-    args = ap.parse_args()
-    out = Path(__file__).parent / "out" / "value_pretraining"
-    out.mkdir(parents=True, exist_ok=True)
-    base, paths = get_base(out)
+    args, out, base, paths = setup("value_pretraining", pretrain=20)
     shared = ["actor.lr=3e-5", "critic.lr=1e-4", "data.train_batch_size=8", "rollout.n=4",
-              "rollout.max_response_length=12", "data.max_prompt_length=16", "trainer.seed=3",
-              "data.max_val_samples=100", "rollout.val_n=4", "trainer.pass_k=[1,4]", "algorithm.lam=0.95",
-              "algorithm.use_kl_in_reward=false"]
+              "rollout.max_response_length=12", "data.max_prompt_length=16", "algorithm.lam=0.95",
+              "algorithm.use_kl_in_reward=false", *SHARED]
     arms = {
         "PPO, critic from policy": run_arm("no_pretrain", "ppo", shared + [f"trainer.total_steps={args.steps}"],
                                            base, paths, out),
