@@ -3,7 +3,8 @@
     python benchmarks/algos.py            # full sizes (a few minutes on 2 cores)
     python benchmarks/algos.py --quick    # smaller sizes, a smoke run
 
-Prints one markdown table. Timings are medians of several repeats in this process; peak
+Prints one markdown table. Timings are medians of several repeats in this process (the fused
+row: one cold run, it takes seconds); peak
 memory is measured in a fresh subprocess per variant (see the table footer).
 """
 
@@ -223,7 +224,7 @@ def main() -> None:
     logits_bytes = N * V * 4
     mem = {v: measure_memory(v, N, V, H, chunk) for v in ("naive", "chunked", "fused")}
     timing_inputs = {v: make_inputs(v, N, V, H) for v in ("naive", "chunked")}
-    t = {v: median_time(lambda v=v: run_variant(v, N, V, H, chunk, timing_inputs[v]), max(2, reps // 2))
+    t = {v: median_time(lambda v=v, x=timing_inputs[v]: run_variant(v, N, V, H, chunk, x), max(2, reps // 2))
          for v in ("naive", "chunked")}
     del timing_inputs
     fused_inputs = make_inputs("fused", N, V, H)
