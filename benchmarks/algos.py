@@ -4,8 +4,8 @@
     python benchmarks/algos.py --quick    # smaller sizes, a smoke run
 
 Prints one markdown table. Timings are medians of several repeats in this process (the fused
-row: one cold run, it takes seconds); peak
-memory is measured in a fresh subprocess per variant (see the table footer).
+row: one cold run, it takes seconds); peak memory is measured in a fresh subprocess per
+variant (see the table footer).
 """
 
 from __future__ import annotations
