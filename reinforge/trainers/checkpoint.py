@@ -1,16 +1,27 @@
 """Checkpoints that survive crashes, and bit-exact resume.
 
 `checkpoints/step_N/` holds each model's weights (safetensors), `trainer_state.pt` (optimizer,
-scheduler, RNG states, data-loader position, KL controller, step) and the resolved config. It is
-written to a hidden temporary folder and renamed only when complete, so a crash mid-save leaves
-the previous checkpoint intact; only the last `keep_last` are kept.
+scheduler, RNG states, data-loader position, KL controller, step), the resolved config and
+`COMPLETE`, a manifest of every file's size. A SIGKILL or power loss at any point leaves every
+folder named `step_N` loadable:
+
+- a save writes `.tmp_step_N_<pid>/`, fsyncs its files, writes the manifest, fsyncs the folder,
+  and renames it to `step_N`;
+- a folder is never deleted under its own name: it is renamed to `.trash_<name>_<pid>` first
+  (out of the complete set), and an existing `step_N` is renamed away only once its
+  replacement is complete; the HF export (`hf/`) is replaced the same way;
+- `latest_checkpoint` picks the newest folder whose files match its manifest;
+- `clean_leftovers`, run when a trainer claims its run directory, deletes the temporaries and
+  trash of interrupted saves and puts back an export whose replacement was cut short.
 """
 from __future__ import annotations
 
+import json
 import os
 import random
 import re
 import shutil
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -22,6 +33,8 @@ from safetensors.torch import load_model, save_model
 from reinforge.config.load import ConfigError, save_config
 
 STEP_RE = re.compile(r"^step_(\d+)$")
+# `.tmp_<name>_<pid>` (being written) and `.trash_<name>_<pid>` (being deleted).
+LEFTOVER_RE = re.compile(r"^\.(tmp|trash)_(.+)_(\d+)$")
 
 
 def rng_state() -> dict:
@@ -37,31 +50,121 @@ def set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
-    """Complete checkpoints, oldest first. Temporary folders of interrupted saves are ignored."""
+def crash_point(name: str) -> None:
+    """Test hook of scripts/crash_campaign.py: REINFORGE_CRASH_AT=<name> SIGKILLs this process at
+    that point of a save, prune or export (names below, e.g. `save:trashed`). Unset: one lookup."""
+    if os.environ.get("REINFORGE_CRASH_AT") == name:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_tree(folder: Path) -> None:
+    """fsync every file, then every folder bottom-up: once `folder` is renamed, a power loss
+    cannot expose a name whose data never reached the disk."""
+    for dirpath, _, files in os.walk(folder, topdown=False):
+        for f in files:
+            _fsync(Path(dirpath) / f)
+        _fsync(Path(dirpath))
+
+
+def _hidden(path: Path, kind: str) -> Path:
+    return path.with_name(f".{kind}_{path.name}_{os.getpid()}")
+
+
+def _remove_dir(path: Path, label: str) -> None:
+    """Delete a folder without it ever being visible half-deleted under its own name."""
+    trash = _hidden(path, "trash")
+    if trash.exists():
+        shutil.rmtree(trash)
+    os.replace(path, trash)
+    crash_point(f"{label}:trashed")
+    shutil.rmtree(trash)
+
+
+def _replace_dir(new: Path, final: Path, label: str) -> None:
+    """Rename the complete folder `new` to `final`. An existing `final` is renamed to trash first
+    and deleted only once `new` is in place (a directory cannot be renamed over a non-empty one)."""
+    trash = _hidden(final, "trash")
+    if final.exists():
+        if trash.exists():
+            shutil.rmtree(trash)
+        os.replace(final, trash)
+        crash_point(f"{label}:trashed")
+    os.replace(new, final)
+    _fsync(final.parent)
+    crash_point(f"{label}:renamed")
+    shutil.rmtree(trash, ignore_errors=True)
+
+
+def _manifest(folder: Path) -> dict[str, int]:
+    """{path relative to folder: size} of every file under it (sharded state included)."""
+    return {p.relative_to(folder).as_posix(): p.stat().st_size for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def checkpoint_problem(path: str | os.PathLike) -> str | None:
+    """Why the step folder `path` cannot be loaded (no COMPLETE, a file missing or of the wrong
+    size), or None when it can. A COMPLETE without a manifest (written before manifests
+    existed) needs a non-empty trainer_state.pt."""
+    path = Path(path)
+    try:
+        marker = json.loads((path / "COMPLETE").read_text())
+    except FileNotFoundError:
+        return "no COMPLETE marker"
+    except ValueError:
+        return "unreadable COMPLETE marker"
+    files = marker["files"] if isinstance(marker, dict) else {"trainer_state.pt": None}  # None: non-empty
+    for name, size in files.items():
+        f = path / name
+        if not f.is_file():
+            return f"{name} is missing"
+        actual = f.stat().st_size
+        if actual != size and (size is not None or actual == 0):
+            return f"{name} has {actual} bytes, expected {size if size is not None else 'more'}"
+    return None
+
+
+def step_folders(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Every `step_N` folder, complete or not, oldest first."""
     root = Path(ckpt_dir)
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_RE.match(p.name)) and (p / "COMPLETE").exists()]
-    return sorted(found)
+    return sorted((int(m.group(1)), p) for p in root.iterdir() if (m := STEP_RE.match(p.name)))
+
+
+def list_checkpoints(ckpt_dir: str | os.PathLike) -> list[tuple[int, Path]]:
+    """Loadable checkpoints (checkpoint_problem is None), oldest first."""
+    return [(s, p) for s, p in step_folders(ckpt_dir) if checkpoint_problem(p) is None]
 
 
 def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
-    found = list_checkpoints(ckpt_dir)
-    return found[-1][1] if found else None
+    """The newest loadable checkpoint; newer step folders that are not are reported and skipped."""
+    for _, path in reversed(step_folders(ckpt_dir)):
+        problem = checkpoint_problem(path)
+        if problem is None:
+            return path
+        print(f"[reinforge] skipping {path}: {problem}", file=sys.stderr)
+    return None
 
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, torch.nn.Module],
                     state: dict[str, Any], cfg, keep_last: int = 2, writers: tuple = ()) -> Path:
-    """Write `step_<step>/` (with the resolved `cfg` as config.yaml) atomically and prune old
-    checkpoints. Returns its path.
+    """Write `step_<step>/` (with the resolved `cfg` as config.yaml) atomically and prune: the
+    last `keep_last` steps up to `step` stay, and later ones go (a run resumed from an earlier
+    step abandoned them; `--resume` must not pick them). Returns its path.
 
     `writers` are called with the temporary folder first (sharded state of a worker group
-    goes there, and may add to `state`), so they are part of the same atomic rename."""
+    goes there, and may add to `state`), so they are part of the same manifest and rename."""
     root = Path(ckpt_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
-    tmp = root / f".tmp_step_{step}_{os.getpid()}"
+    tmp = _hidden(final, "tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
@@ -71,20 +174,24 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, to
         save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied embeddings
     torch.save(state, tmp / "trainer_state.pt")
     save_config(cfg, tmp / "config.yaml")
-    (tmp / "COMPLETE").write_text(str(step))
-    if final.exists():
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    for _, old in list_checkpoints(root)[:-keep_last] if keep_last > 0 else []:
-        shutil.rmtree(old, ignore_errors=True)
+    crash_point("save:written")
+    (tmp / "COMPLETE").write_text(json.dumps({"step": step, "files": _manifest(tmp)}))
+    _sync_tree(tmp)
+    crash_point("save:sealed")
+    _replace_dir(tmp, final, "save")
+    older = [p for s, p in step_folders(root) if s < step]
+    later = [p for s, p in step_folders(root) if s > step]
+    for old in later + (older[:max(0, len(older) - (keep_last - 1))] if keep_last > 0 else []):
+        _remove_dir(old, "prune")
     return final
 
 
 def load_checkpoint(path: str | os.PathLike, models: dict[str, torch.nn.Module]) -> dict[str, Any]:
     """Load weights into `models` in place and return the trainer state."""
     path = Path(path)
-    if not (path / "COMPLETE").exists():
-        raise FileNotFoundError(f"{path} is not a complete checkpoint")
+    if (problem := checkpoint_problem(path)) is not None:
+        raise FileNotFoundError(f"{path} is not a complete checkpoint ({problem}); "
+                                f"pick another step folder or use --resume for the latest complete one")
     for name, model in models.items():
         f = path / f"{name}.safetensors"
         if not f.exists():
@@ -94,9 +201,10 @@ def load_checkpoint(path: str | os.PathLike, models: dict[str, torch.nn.Module])
 
 
 def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
-    """A folder `from_pretrained` loads: weights, config and tokenizer (LoRA merged first)."""
+    """A folder `from_pretrained` loads: weights, config and tokenizer (LoRA merged first),
+    written to `.tmp_<name>_<pid>` and swapped in (the previous export stays whole until then)."""
     out = Path(out_dir)
-    tmp = out.with_name(out.name + ".tmp")
+    tmp = _hidden(out, "tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
     if hasattr(model, "merge_and_unload"):
@@ -105,10 +213,31 @@ def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
         model = copy.deepcopy(model).merge_and_unload()
     model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
-    if out.exists():
-        shutil.rmtree(out)
-    os.replace(tmp, out)
+    _sync_tree(tmp)
+    crash_point("export:written")
+    _replace_dir(tmp, out, "export")
     return out
+
+
+def clean_leftovers(run_dir: str | os.PathLike) -> list[Path]:
+    """Delete the temporaries and trash that killed saves, prunes and exports left in run_dir and
+    its checkpoints/; an export's trash whose folder is missing (killed between the two renames
+    of _replace_dir) is that folder's last complete version and is renamed back. Call it only
+    under the run-dir lock, when no live process can own them. Returns what was deleted."""
+    run_dir = Path(run_dir)
+    removed = []
+    for folder in (run_dir, run_dir / "checkpoints"):
+        for p in sorted(folder.iterdir()) if folder.is_dir() else []:
+            m = LEFTOVER_RE.match(p.name)
+            if m is None:
+                continue
+            target = folder / m.group(2)
+            if m.group(1) == "trash" and folder == run_dir and not target.exists():
+                os.replace(p, target)
+                continue
+            shutil.rmtree(p) if p.is_dir() else p.unlink()
+            removed.append(p)
+    return removed
 
 
 def no_checkpoint(ckpt_dir: Path) -> int:
@@ -157,11 +286,12 @@ def lock_run_dir(run_dir: Path):
 
 
 def claim_run_dir(run_dir: Path, cfg):
-    """Lock `run_dir` (lock_run_dir) and write the resolved config to run_dir/config.yaml, as
-    every trainer's fit() does first. Returns the lock file: `with claim_run_dir(...):` holds
-    the lock until the block ends."""
+    """Lock `run_dir` (lock_run_dir), delete the leftovers of killed runs (clean_leftovers) and
+    write the resolved config to run_dir/config.yaml, as every trainer's fit() does first.
+    Returns the lock file: `with claim_run_dir(...):` holds the lock until the block ends."""
     lock = lock_run_dir(run_dir)
     try:
+        clean_leftovers(run_dir)
         save_config(cfg, run_dir / "config.yaml")
     except BaseException:
         lock.close()
