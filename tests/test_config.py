@@ -102,12 +102,12 @@ def test_rl_lr_schedule_checked(tiny_model_dir, arith_data, tmp_path, preset, ke
 @pytest.mark.parametrize("schema,data,extra,match", [
     (SFTConfig, "sft", "optim.lr_schedule=cosinus", "optim.lr_schedule='cosinus': constant, cosine or linear"),
     (SFTConfig, "sft", "data.overlong=truncate_left", "data.overlong='truncate_left': error, skip or truncate_right"),
-    (SFTConfig, "sft", "data.max_length=1", "data.max_length=1 must be > 1"),
+    (SFTConfig, "sft", "data.max_length=1", r"data.max_length=1 is out of range; valid range: \[2, inf\)"),
     (SFTConfig, "sft", "data.train_files=[]", "data.train_files is empty: give at least one parquet/JSONL file"),
     (DPOConfig, "prefs", "optim.lr_schedule=cosinus", "optim.lr_schedule='cosinus': constant, cosine or linear"),
     (DPOConfig, "prefs", "data.overlong=truncate_right", "data.overlong='truncate_right': error or skip"),
     (DPOConfig, "prefs", "dpo.loss_type=nope", r"dpo.loss_type='nope' is not known; valid: \['sigmoid', 'ipo', 'hinge'\]"),
-    (RMConfig, "prefs", "optim.micro_batch_size=0", "data.batch_size and optim.micro_batch_size must be > 0"),
+    (RMConfig, "prefs", "optim.micro_batch_size=0", r"optim.micro_batch_size=0 is out of range; valid range: \[1, inf\)"),
     (RMConfig, "prefs", "data.train_files=[]", "give at least one prompt/chosen/rejected file"),
 ])
 def test_supervised_validation_messages(tiny_model_dir, arith_data, schema, data, extra, match):
@@ -145,3 +145,124 @@ def test_full_kl_refused_for_training(tiny_model_dir, arith_data, tmp_path, key)
     cfg = load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **{key: "full"}))
     with pytest.raises(ConfigError, match=f"{key}='full' needs log-probs over the whole vocabulary"):
         validate(cfg)
+
+
+def _config_classes(root) -> set:
+    """Every dataclass reachable from the config class `root` (its sections, recursively)."""
+    from dataclasses import is_dataclass
+
+    out = {root}
+    for f in fields(root):
+        default = f.default_factory() if callable(f.default_factory) else None
+        if is_dataclass(default):
+            out |= _config_classes(type(default))
+    return out
+
+
+def test_every_numeric_key_has_a_range():
+    """A new int/float knob must be added to reinforge.config.ranges.RANGES."""
+    from typing import get_type_hints
+
+    from reinforge.config.ranges import range_of
+
+    missing = []
+    for root in (RLConfig, SFTConfig, DPOConfig, RMConfig):
+        for cls in _config_classes(root):
+            for name, hint in get_type_hints(cls).items():
+                if hint in (int, float) or str(hint) in ("typing.Optional[float]", "typing.Optional[int]"):
+                    if range_of(cls, name) is None:
+                        missing.append(f"{cls.__name__}.{name}")
+    assert not missing, missing
+
+
+def test_defaults_and_presets_are_in_range():
+    from reinforge.config.ranges import check_ranges
+
+    for schema in (RLConfig, SFTConfig, DPOConfig, RMConfig):
+        check_ranges(schema())
+    for name in list_presets():
+        for schema in (RLConfig, SFTConfig, DPOConfig, RMConfig):
+            try:
+                cfg = load_config(schema, name)
+            except ConfigError:
+                continue
+            check_ranges(cfg)
+
+
+@pytest.mark.parametrize("value,interval,inside", [
+    (0.0, "[0, 1)", True), (1.0, "[0, 1)", False), (0.0, "(0, 1]", False), (1.0, "(0, 1]", True),
+    (1e9, "(0, inf)", True), (float("inf"), "(0, inf)", False), (float("nan"), "(-inf, inf)", False),
+    (-1, "[0, inf)", False), (2, "[2, inf)", True),
+])
+def test_in_interval(value, interval, inside):
+    from reinforge.config.ranges import in_interval
+
+    assert in_interval(value, interval) is inside
+
+
+@pytest.mark.parametrize("schema,override,match", [
+    (RLConfig, "actor.lr=-1", r"^actor.lr=-1.0 is out of range; valid range: \[0, inf\)$"),
+    (RLConfig, "critic.betas=[0.9, 1.5]", r"^critic.betas\[1\]=1.5 is out of range; valid range: \[0, 1\)$"),
+    (RLConfig, "actor.betas=[0.9, x]", r"^actor.betas\[1\]='x' must be a number in \[0, 1\)$"),
+    (RLConfig, "rollout.top_p=0", r"^rollout.top_p=0.0 is out of range; valid range: \(0, 1\]$"),
+    (RLConfig, "algorithm.gamma=1.01", r"^algorithm.gamma=1.01 is out of range"),
+    (RLConfig, "actor.clip_c=1", r"^actor.clip_c=1.0 is out of range; valid range: \(1, inf\)$"),
+    (RLConfig, "reward.default_score=.nan", r"^reward.default_score=nan is out of range"),
+    (SFTConfig, "eval.pass_k=[1, 0]", r"^eval.pass_k\[1\]=0 is out of range"),
+    (DPOConfig, "dpo.label_smoothing=0.5", r"^dpo.label_smoothing=0.5 is out of range; valid range: \[0, 0.5\)$"),
+    (RMConfig, "data.val_fraction=1", r"^data.val_fraction=1.0 is out of range; valid range: \[0, 1\)$"),
+])
+def test_range_messages(schema, override, match):
+    from reinforge.config.ranges import check_ranges
+
+    with pytest.raises(ConfigError, match=match):
+        check_ranges(load_config(schema, None, [override]))
+
+
+@pytest.mark.parametrize("functions,expected", [
+    ("[exact_match, 'f.py:fn']", [{"name": "exact_match", "weight": 1.0}, {"name": "f.py:fn", "weight": 1.0}]),
+    ("[{name: ' format ', weight: 2}]", [{"name": "format", "weight": 2.0}]),
+])
+def test_reward_functions_short_form(functions, expected):
+    from reinforge.config.validate import normalize_reward_functions
+
+    cfg = load_config(RLConfig, None, [f"reward.functions={functions}"])
+    assert normalize_reward_functions(cfg.reward.functions, "reward.functions") == expected
+
+
+@pytest.mark.parametrize("functions,match", [
+    ("[{name: exact_match, wieght: 2}]", r"reward.functions\[0\].wieght: unknown key; did you mean 'reward.functions\[0\].weight'"),
+    ("[{weight: 2}]", r"reward.functions\[0\].name=None"),
+    ("[{name: exact_match, weight: abc}]", r"reward.functions\[0\].weight='abc' must be a finite number"),
+    ("[3]", r"reward.functions\[0\]=3: give a name"),
+])
+def test_reward_functions_malformed(functions, match):
+    from reinforge.config.validate import normalize_reward_functions
+
+    cfg = load_config(RLConfig, None, [f"reward.functions={functions}"])
+    with pytest.raises(ConfigError, match=match):
+        normalize_reward_functions(cfg.reward.functions, "reward.functions")
+
+
+def test_yaml_syntax_error_names_file_line_column(tmp_path):
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rollout:\n  n: 4\n  temperature: [1.0\nactor:\n  lr: 1e-3\n")
+    with pytest.raises(ConfigError, match=r"bad.yaml: line 4, column 6: YAML syntax error: expected ',' or ']'"):
+        load_config(RLConfig, str(bad))
+    with pytest.raises(ConfigError, match=r"override 'rollout.n=\[1': line 1, column 3: YAML syntax error"):
+        load_config(RLConfig, None, ["rollout.n=[1"])
+
+
+@pytest.mark.parametrize("override,match", [
+    ("rollout.n", "must look like section.key=value"),
+    ("rollout..n=3", "is not a dotted key"),
+    ("=3", "is not a dotted key"),
+])
+def test_malformed_overrides(override, match):
+    with pytest.raises(ConfigError, match=match):
+        load_config(RLConfig, None, [override])
+
+
+def test_preset_typo_suggests_the_preset():
+    with pytest.raises(ConfigError, match="did you mean 'grpo'"):
+        load_config(RLConfig, "grpoo")

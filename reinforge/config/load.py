@@ -36,13 +36,35 @@ def resolve_config_path(name_or_path: str) -> Path:
     preset = PRESET_DIR / f"{name_or_path}.yaml"
     if preset.exists():
         return preset
-    raise ConfigError(f"config {name_or_path!r} is neither a YAML file nor a preset; presets: {list_presets()}")
+    if p.suffix in (".yaml", ".yml"):
+        raise ConfigError(f"config file {name_or_path!r} does not exist")
+    close = difflib.get_close_matches(name_or_path, list_presets(), n=1)
+    hint = f"did you mean '{close[0]}'? " if close else ""
+    raise ConfigError(f"config {name_or_path!r} is neither a YAML file nor a preset; {hint}presets: {list_presets()}")
+
+
+def yaml_error(source: str, exc: yaml.YAMLError) -> ConfigError:
+    """One line for a YAML syntax error: "<source>: line L, column C: <problem>" (1-based)."""
+    def at(mark) -> str:
+        return f"line {mark.line + 1}, column {mark.column + 1}"
+
+    mark, context, cmark = (getattr(exc, k, None) for k in ("problem_mark", "context", "context_mark"))
+    where = f": {at(mark)}" if mark is not None else ""
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    if context:
+        problem += f" ({context}" + (f" at {at(cmark)})" if cmark is not None else ")")
+    return ConfigError(f"{source}{where}: YAML syntax error: {problem}")
 
 
 def _read_yaml(path: Path, seen: tuple = ()) -> dict:
     if path in seen:
         raise ConfigError(f"circular 'base:' chain through {path}")
-    data = yaml.safe_load(path.read_text()) or {}
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except yaml.YAMLError as exc:
+        raise yaml_error(str(path), exc) from None
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start:exc.end]!r} at offset {exc.start})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     base = data.pop("base", None)
@@ -83,9 +105,14 @@ def parse_overrides(overrides: Sequence[str]) -> dict:
         if "=" not in item:
             raise ConfigError(f"override {item!r} must look like section.key=value")
         key, raw = item.split("=", 1)
-        value = yaml.safe_load(raw) if raw != "" else ""
-        node = out
         parts = key.strip().split(".")
+        if not all(parts):
+            raise ConfigError(f"override {item!r}: {key.strip()!r} is not a dotted key like section.key")
+        try:
+            value = yaml.safe_load(raw) if raw != "" else ""
+        except yaml.YAMLError as exc:
+            raise yaml_error(f"override {item!r}", exc) from None
+        node = out
         for p in parts[:-1]:
             node = node.setdefault(p, {})
         node[parts[-1]] = value

@@ -12,7 +12,9 @@ from typing import Optional
 
 from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, RunConfig
 from reinforge.config.schema import ModelConfig
-from reinforge.config.validate import check_choice, check_data_files, check_model_path, need, validate_supervised
+from reinforge.config.ranges import check_ranges
+from reinforge.config.validate import (check_choice, check_data_files, check_model_path, need,
+                                       normalize_reward_functions, validate_supervised)
 from reinforge.data.preference import PREF_OVERLONG
 
 REDUCTIONS = ("sum", "mean")
@@ -98,23 +100,23 @@ class RMConfig(_PrefConfig):
 def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None) -> _PrefConfig:
     """Check `cfg` and fill `cfg.derived` (device; total_steps once the data size is known)."""
     d = cfg.data
+    check_ranges(cfg)
     check_model_path(cfg.model.path, "model.path")
-    eval_files = list(cfg.eval.prompt_files) if isinstance(cfg, DPOConfig) else []
-    check_data_files(d.train_files, list(d.val_files) + eval_files, kind="prompt/chosen/rejected file")
+    others = {"data.val_files": d.val_files}
+    if isinstance(cfg, DPOConfig):
+        others["eval.prompt_files"] = cfg.eval.prompt_files
+        cfg.eval.reward_functions = normalize_reward_functions(cfg.eval.reward_functions, "eval.reward_functions")
+    check_data_files(d.train_files, others, kind="prompt/chosen/rejected file")
     if isinstance(cfg, DPOConfig):
         from reinforge.algos.preference import DPO_LOSS_TYPES  # imports torch, as training does
 
         p = cfg.dpo
         need(p.loss_type in DPO_LOSS_TYPES, f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(DPO_LOSS_TYPES)}")
         need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
-        need(p.beta > 0, f"dpo.beta={p.beta} must be > 0")
-        need(p.nll_coef >= 0, f"dpo.nll_coef={p.nll_coef} must be >= 0")
-        need(0 <= p.label_smoothing < 0.5, f"dpo.label_smoothing={p.label_smoothing} must be in [0, 0.5)")
         need(p.label_smoothing == 0 or p.loss_type == "sigmoid", "dpo.label_smoothing applies to loss_type=sigmoid only")
         if p.ref_model_path:
             check_model_path(p.ref_model_path, "dpo.ref_model_path")
     check_choice(d.overlong, PREF_OVERLONG, "data.overlong")
-    need(0 <= d.val_fraction < 1, f"data.val_fraction={d.val_fraction} must be in [0, 1)")
     if num_train_pairs is not None:
         need(num_train_pairs >= d.batch_size,
              f"only {num_train_pairs} training pairs, fewer than data.batch_size={d.batch_size}")

@@ -11,7 +11,9 @@ from typing import Optional
 
 from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, RunConfig
 from reinforge.config.schema import ModelConfig
-from reinforge.config.validate import check_choice, check_data_files, check_model_path, validate_supervised
+from reinforge.config.ranges import check_ranges
+from reinforge.config.validate import (check_choice, check_data_files, check_model_path, normalize_reward_functions,
+                                       validate_supervised)
 from reinforge.data.sft import SFT_OVERLONG
 
 
@@ -73,8 +75,10 @@ class SFTConfig(RootConfig):
 def validate_sft(cfg: SFTConfig, num_train_examples: Optional[int] = None) -> SFTConfig:
     """Check `cfg` and fill `cfg.derived` (device; total_steps once the data size is known)."""
     d = cfg.data
+    check_ranges(cfg)
     check_model_path(cfg.model.path, "model.path")
-    check_data_files(d.train_files, list(d.val_files) + list(cfg.eval.prompt_files))
+    check_data_files(d.train_files, {"data.val_files": d.val_files, "eval.prompt_files": cfg.eval.prompt_files})
+    cfg.eval.reward_functions = normalize_reward_functions(cfg.eval.reward_functions, "eval.reward_functions")
     check_choice(d.overlong, SFT_OVERLONG, "data.overlong")
     validate_supervised(cfg, num_train_examples)
     return cfg

@@ -5,12 +5,15 @@ Each rule fails with one ConfigError naming the keys involved and the rule broke
 """
 from __future__ import annotations
 
+import difflib
 import json
+import math
 from pathlib import Path
 from typing import Optional, Sequence
 
 from reinforge.config.common import AdamWConfig
 from reinforge.config.load import ConfigError
+from reinforge.config.ranges import check_ranges
 from reinforge.config.schema import RLConfig
 from reinforge.data.rl_dataset import OVERLONG_POLICIES
 
@@ -38,6 +41,7 @@ def check_choice(value: str, valid: Sequence[str], key: str) -> None:
 def check_adamw(o: AdamWConfig, section: str) -> None:
     """The AdamW settings every optimizer section shares (actor, critic, SFT/DPO/RM optim)."""
     check_choice(o.lr_schedule, LR_SCHEDULES, f"{section}.lr_schedule")
+    need(len(o.betas) == 2, f"{section}.betas={list(o.betas)} must be two numbers [beta1, beta2]")
 
 
 def resolve_device(device: str) -> str:
@@ -59,6 +63,7 @@ def model_max_positions(model_path: str) -> int | None:
 
 def check_model_path(path: str, key: str) -> None:
     need(bool(path), f"{key} is required (a local Hugging Face model folder)")
+    need(not Path(path).is_file(), f"{key}={path!r} is a file; give the model folder that holds it")
     need(Path(path).is_dir(), f"{key}={path!r}: no such folder")
     need((Path(path) / "config.json").exists(), f"{key}={path!r}: not a Hugging Face model folder (no config.json)")
 
@@ -75,12 +80,38 @@ def check_batch_sizes(batch: int, mini: int, micro: int, section: str) -> tuple[
     return mini, micro
 
 
-def check_data_files(train_files: Sequence[str], other_files: Sequence[str] = (),
+def check_data_files(train_files: Sequence[str], others: Optional[dict[str, Sequence[str]]] = None,
                      kind: str = "parquet/JSONL file") -> None:
-    """data.train_files must be non-empty, and every file (training and others) must exist."""
+    """data.train_files must be non-empty, and every file it and `others` ({dotted key: files})
+    list must exist."""
     need(bool(train_files), f"data.train_files is empty: give at least one {kind}")
-    for f in list(train_files) + list(other_files):
-        need(Path(f).exists(), f"data file {f!r} does not exist")
+    for key, files in {"data.train_files": train_files, **(others or {})}.items():
+        for i, f in enumerate(files):
+            need(Path(f).exists(), f"{key}[{i}]={f!r}: data file does not exist")
+            need(Path(f).is_file(), f"{key}[{i}]={f!r} is a folder; give the {kind}s in it")
+
+
+def normalize_reward_functions(functions, key: str) -> list[dict]:
+    """Reward functions in their full form, [{"name": str, "weight": float}]: a plain string
+    (`reward.functions=[file.py:fn]`) stands for {name: string, weight: 1.0}. Each entry needs
+    a non-empty name and a finite weight; any other key is refused with a did-you-mean."""
+    out = []
+    for i, item in enumerate(functions):
+        at = f"{key}[{i}]"
+        entry = {"name": item} if isinstance(item, str) else item
+        need(isinstance(entry, dict), f"{at}={item!r}: give a name ('exact_match', 'file.py:fn') or "
+                                      "{name: ..., weight: ...}")
+        for k in entry:
+            close = difflib.get_close_matches(str(k), ("name", "weight"), n=1)
+            need(k in ("name", "weight"), f"{at}.{k}: unknown key" + (f"; did you mean '{at}.{close[0]}'?" if close
+                                                                       else "; valid keys: name, weight"))
+        name, weight = entry.get("name"), entry.get("weight", 1.0)
+        need(isinstance(name, str) and bool(name.strip()),
+             f"{at}.name={name!r}: give a built-in name, 'module:fn' or 'file.py:fn'")
+        need(isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight),
+             f"{at}.weight={weight!r} must be a finite number")
+        out.append({"name": name.strip(), "weight": float(weight)})
+    return out
 
 
 def validate_supervised(cfg, num_train_examples: Optional[int] = None) -> None:
@@ -89,8 +120,6 @@ def validate_supervised(cfg, num_train_examples: Optional[int] = None) -> None:
     micro_batch_size and (once the data size is known) total_steps."""
     d, o = cfg.data, cfg.optim
     check_adamw(o, "optim")
-    need(d.batch_size > 0 and o.micro_batch_size > 0, "data.batch_size and optim.micro_batch_size must be > 0")
-    need(d.max_length > 1, f"data.max_length={d.max_length} must be > 1")
     need(o.total_steps > 0 or o.epochs > 0, "set optim.total_steps > 0 or optim.epochs > 0")
     cfg.derived["device"] = resolve_device(cfg.trainer.device)
     cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
@@ -103,8 +132,9 @@ def validate(cfg: RLConfig) -> RLConfig:
     from reinforge.algos import advantages, aggregation, kl, policy_loss
 
     a, r, act, crit = cfg.algorithm, cfg.rollout, cfg.actor, cfg.critic
+    check_ranges(cfg)
     check_model_path(cfg.model.path, "model.path")
-    check_data_files(cfg.data.train_files, cfg.data.val_files)
+    check_data_files(cfg.data.train_files, {"data.val_files": cfg.data.val_files})
     check_name(a.adv_estimator, advantages.ADVANTAGE_ESTIMATORS, "algorithm.adv_estimator")
     check_name(act.policy_loss, policy_loss.POLICY_LOSSES, "actor.policy_loss")
     check_name(act.loss_agg_mode, aggregation.AGG_MODES, "actor.loss_agg_mode")
@@ -119,7 +149,6 @@ def validate(cfg: RLConfig) -> RLConfig:
     check_name(r.backend, ("hf", "vllm"), "rollout.backend")
     check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
     check_name(cfg.data.overlong_prompt, OVERLONG_POLICIES, "data.overlong_prompt")
-    need(r.n >= 1, f"rollout.n={r.n} must be >= 1")
     if a.adv_estimator in advantages.NEEDS_GROUPS:
         need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "
                        f"rollout.n={r.n} must be >= 2")
@@ -128,10 +157,6 @@ def validate(cfg: RLConfig) -> RLConfig:
     need(0 <= a.overlong_buffer_len < r.max_response_length,
          f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be in [0, rollout.max_response_length="
          f"{r.max_response_length})")
-    need(r.temperature > 0, f"rollout.temperature={r.temperature} must be > 0 (greedy is used for validation)")
-    need(0 < r.top_p <= 1, f"rollout.top_p={r.top_p} must be in (0, 1]")
-    need(act.clip_low >= 0 and act.clip_high >= 0, "actor.clip_low and actor.clip_high must be >= 0")
-    need(act.clip_c is None or act.clip_c > 1, f"actor.clip_c={act.clip_c} must be > 1 (dual clip) or null")
     check_adamw(act, "actor")
     max_pos = model_max_positions(cfg.model.path)
     total = cfg.data.max_prompt_length + r.max_response_length
@@ -157,6 +182,7 @@ def validate(cfg: RLConfig) -> RLConfig:
         from reinforge.workers.rollout import check_vllm_available
 
         check_vllm_available(d["device"])
+    cfg.reward.functions = normalize_reward_functions(cfg.reward.functions, "reward.functions")
     need(bool(cfg.reward.functions) or cfg.reward.reward_model_path,
          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
     return cfg
