@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import re
+import signal
 import sys
 from pathlib import Path
 
@@ -18,6 +19,8 @@ def _add_train_args(p: argparse.ArgumentParser, default_config: str | None) -> N
                    help="continue from the latest complete checkpoint in trainer.run_dir")
     p.add_argument("--resume-from", default=None, metavar="CHECKPOINT",
                    help="continue from this checkpoint folder (runs/x/checkpoints/step_N)")
+    p.add_argument("--overwrite", action="store_true",
+                   help="delete the previous run in trainer.run_dir first (needed, or --resume, when it holds one)")
     p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8")
 
 
@@ -39,13 +42,29 @@ def _load(ref: str):
 
 
 def run_training(command: str, args) -> int:
-    """Every training command: load the config, build the trainer, fit (resuming when asked),
-    print the summary. The trainer locks run_dir and writes config.yaml when it starts."""
+    """Every training command: load the config, build the trainer, fit (resuming or overwriting
+    when asked), print the summary. The trainer locks run_dir and writes config.yaml when it
+    starts. Ctrl-C or SIGTERM stops it with the command that continues the run (exit 128 + signal)."""
     from reinforge.config.load import load_config
+    from reinforge.trainers.loop import sigterm_interrupts
+    from reinforge.trainers.run_dir import check_reuse, resume_hint
 
     schema, trainer_cls, _, _ = TRAINERS[command]
     cfg = load_config(_load(schema), args.config, args.overrides)
-    final = _load(trainer_cls)(cfg).fit(resume=args.resume_from or args.resume)
+    resume = args.resume_from or args.resume
+    check_reuse(cfg.trainer.run_dir, bool(resume), args.overwrite)  # again in fit(); here before the model loads
+    trainer = None
+    try:
+        with sigterm_interrupts():
+            trainer = _load(trainer_cls)(cfg)
+            final = trainer.fit(resume=resume, overwrite=args.overwrite)
+    except KeyboardInterrupt as e:
+        signum = getattr(e, "signum", signal.SIGINT)
+        line = ["reinforge", command, *(["--config", args.config] if args.config else []), *args.overrides]
+        how = (f"at step {trainer.step_idx}; {resume_hint(cfg.trainer.run_dir, line, args.resume_from)}"
+               if trainer is not None else "while loading, before training; run the same command again")
+        print(f"reinforge: stopped by {signal.Signals(signum).name} {how}", file=sys.stderr)
+        return 128 + signum
     print_summary(final, cfg)
     return 0
 

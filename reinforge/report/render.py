@@ -9,6 +9,7 @@ from __future__ import annotations
 import base64
 import html
 import json
+import math
 import re
 from pathlib import Path
 
@@ -33,16 +34,20 @@ PANELS: list[tuple[str, str, list[str]]] = [
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """metrics.jsonl rows, one per step. A step logged twice (a resumed run) gets the union of its
-    rows' keys, merged key by key in file order: where both rows have a key, the later value wins."""
+    """metrics.jsonl rows, one per step. A step logged twice (a run resumed before run dirs were cut
+    back on resume) gets the union of its rows' keys, merged key by key in file order: where both
+    rows have a key, the later value wins. A null (a non-finite value) reads as NaN, a gap in a
+    plot; a line that is not JSON (torn by a kill) is skipped."""
     path = run_dir / "metrics.jsonl"
     if not path.exists():
         return []
     by_step: dict[int, dict] = {}
     for line in path.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            by_step[row["step"]] = {**by_step.get(row["step"], {}), **row}
+        try:
+            row = {k: math.nan if v is None else v for k, v in json.loads(line).items()}
+        except ValueError:  # blank, or the last line torn by a kill
+            continue
+        by_step[row["step"]] = {**by_step.get(row["step"], {}), **row}
     return [by_step[s] for s in sorted(by_step)]
 
 
@@ -106,6 +111,10 @@ def plot_position_profile(rows: list[dict], out: Path) -> Path | None:
     return out
 
 
+def _score(v) -> str:
+    return f"{v:.3f}" if isinstance(v, (int, float)) else html.escape(str(v))
+
+
 def _samples_table(run_dir: Path, limit: int = 20) -> str:
     files = sorted((run_dir / "samples").glob("step_*.jsonl"), key=lambda p: int(p.stem.split("_")[1]))
     if not files:
@@ -114,7 +123,7 @@ def _samples_table(run_dir: Path, limit: int = 20) -> str:
     rows = [json.loads(line) for line in last.read_text().splitlines() if line.strip()][:limit]
     cells = "".join(
         f"<tr><td><pre>{html.escape(str(r.get('prompt', '')))}</pre></td><td><pre>{html.escape(str(r.get('response', '')))}</pre>"
-        f"</td><td>{html.escape(str(r.get('ground_truth', '')))}</td><td>{r.get('score', 0):.3f}</td></tr>" for r in rows)
+        f"</td><td>{html.escape(str(r.get('ground_truth', '')))}</td><td>{_score(r.get('score'))}</td></tr>" for r in rows)
     return (f"<p>From {html.escape(last.name)}</p><table><tr><th>prompt</th><th>response</th><th>ground truth</th>"
             f"<th>reward</th></tr>{cells}</table>")
 

@@ -1,5 +1,10 @@
 """Where metrics go: console (progress bar with ETA), metrics.jsonl, TensorBoard, and wandb or
-MLflow when installed and asked for. Metrics arrive already reduced to floats, once per step."""
+MLflow when installed and asked for. Metrics arrive already reduced to floats, once per step.
+
+A non-finite value (NaN, +-inf) is never dropped silently: metrics.jsonl records it as null, the
+step's row gets `nonfinite/count` (how many of its values were non-finite) and the console gets
+one warning line per such step naming them. TensorBoard, wandb and MLflow get the finite values
+and the count."""
 from __future__ import annotations
 
 import json
@@ -31,13 +36,22 @@ class Timer:
         return out
 
 
-def _finite(metrics: dict) -> dict:
-    return {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float)) and math.isfinite(float(v))}
+def split_finite(metrics: dict) -> tuple[dict[str, float], dict[str, float]]:
+    """Numeric metrics as floats -> (finite ones plus `nonfinite/count` when any is not, non-finite ones)."""
+    values = {k: float(v) for k, v in metrics.items() if isinstance(v, (int, float))}
+    bad = {k: v for k, v in values.items() if not math.isfinite(v)}
+    finite = {k: v for k, v in values.items() if k not in bad}
+    if bad:
+        finite["nonfinite/count"] = float(len(bad))
+    return finite, bad
 
 
 class RunLogger:
     def __init__(self, run_dir: str | Path, loggers: list[str], total_steps: int, *, start_step: int = 0,
-                 progress: bool = True, config: dict | None = None, desc: str = "train"):
+                 progress: bool = True, config: dict | None = None, desc: str = "train",
+                 purge_step: int | None = None):
+        """`purge_step` (a resumed run's first step): TensorBoard hides the events an earlier run
+        logged from that step on, as metrics.jsonl was cut there (run_dir.rewind)."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
         valid = {"console", "jsonl", "tensorboard", "wandb", "mlflow"}
@@ -50,7 +64,7 @@ class RunLogger:
         if "tensorboard" in self.loggers:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(self.dir / "tensorboard"))
+            self.tb = SummaryWriter(str(self.dir / "tensorboard"), purge_step=purge_step)
         self.wandb = self._optional("wandb", lambda m: m.init(project="reinforge", dir=str(self.dir), config=config))
         self.mlflow = self._optional("mlflow", lambda m: (m.start_run(), m.log_params(_flat(config or {}))))
         self.bar = None
@@ -71,9 +85,12 @@ class RunLogger:
         return module
 
     def log(self, step: int, metrics: dict) -> None:
-        m = _finite(metrics)
+        m, bad = split_finite(metrics)
+        if bad:
+            self.warn(f"[reinforge] step {step}: non-finite " + ", ".join(f"{k}={v}" for k, v in bad.items())
+                      + " (logged as null)")
         if self.jsonl:
-            self.jsonl.write(json.dumps({"step": step, **m}) + "\n")
+            self.jsonl.write(json.dumps({"step": step, **m, **dict.fromkeys(bad)}) + "\n")
             self.jsonl.flush()
         if self.tb:
             for k, v in m.items():
@@ -98,6 +115,13 @@ class RunLogger:
         if self.bar is not None:
             self.bar.write(text)
         elif "console" in self.loggers:
+            print(text, file=sys.stderr)
+
+    def warn(self, text: str) -> None:
+        """A line on stderr (above the progress bar, if any), whichever loggers are on."""
+        if self.bar is not None:
+            self.bar.write(text, file=sys.stderr)
+        else:
             print(text, file=sys.stderr)
 
     def close(self) -> None:

@@ -1,16 +1,70 @@
 """The fit loop every trainer (RL, SFT, DPO, RM) shares.
 
-    claim run_dir (lock + config.yaml) -> resume -> step 0: validate, log -> for each step:
-    step(), after_step(), validate every trainer.val_every, log, checkpoint every
-    trainer.save_every -> export -> close the logger -> finish() -> close()
+    refuse mixing with a previous run -> claim run_dir (lock + config.yaml) -> overwrite or
+    resume (logs cut back to the checkpoint) -> step 0: validate, log -> for each step: step(),
+    after_step(), validate every trainer.val_every, log, checkpoint every trainer.save_every ->
+    export -> close the logger -> finish() -> close()
+
+SIGTERM (Slurm, `kill`) stops the loop as Ctrl-C does, with `Terminated`, a KeyboardInterrupt;
+either signal arriving during a checkpoint save takes effect once the save is complete.
 
 A trainer provides cfg (with a `trainer` section), run_dir, step_idx, total_steps and the
 methods below; only the hooks with a default are optional.
 """
 from __future__ import annotations
 
-from reinforge.trainers.checkpoint import claim_run_dir
+import signal
+import sys
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+from reinforge.trainers.checkpoint import claim_run_dir, latest_checkpoint, no_checkpoint
 from reinforge.trainers.logging import RunLogger, due, skipped_metrics
+from reinforge.trainers.run_dir import check_reuse, clear_previous_run, rewind
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised in the main thread; `signum` gives the exit code 128 + signum."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum, frame):
+    raise Terminated()
+
+
+@contextmanager
+def _signals(handler):
+    """Install `handler` ({signal: function}) inside the block, then restore SIGINT's and
+    SIGTERM's handlers; a no-op off the main thread, where Python cannot handle signals."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
+    for s, h in handler.items():
+        signal.signal(s, h)
+    try:
+        yield
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def sigterm_interrupts():
+    """Inside the block SIGTERM raises Terminated, so it unwinds the run as Ctrl-C does."""
+    return _signals({signal.SIGTERM: _raise_terminated})
+
+
+@contextmanager
+def _uninterrupted():
+    """Hold SIGINT and SIGTERM while the block runs (a checkpoint save), then deliver the first
+    one that came to the handler in place before."""
+    pending: list[int] = []
+    with _signals({s: lambda n, f: pending.append(n) for s in (signal.SIGINT, signal.SIGTERM)}):
+        yield
+    if pending:
+        signal.raise_signal(pending[0])
 
 
 class TrainingLoop:
@@ -47,17 +101,34 @@ class TrainingLoop:
         """Always, last: release workers and pools."""
 
     # ---- the loop ------------------------------------------------------------------------------
-    def fit(self, resume: bool | str = False) -> dict[str, float]:
-        """Train to total_steps. `resume`: True (latest checkpoint in run_dir) or a checkpoint path.
+    def _continue(self, resume: bool | str) -> int | None:
+        """Load the checkpoint to resume from (the latest in run_dir, or the path `resume`), say
+        which, and cut the run's records back to its step (run_dir.rewind). Returns TensorBoard's
+        purge_step, or None when starting over."""
+        ckpt = latest_checkpoint(self.run_dir / "checkpoints") if resume is True else Path(resume)
+        if ckpt is None:
+            no_checkpoint(self.run_dir / "checkpoints")
+        else:
+            self.resume(str(ckpt))
+            print(f"[reinforge] resuming from {ckpt} at step {self.step_idx}", file=sys.stderr)
+        return rewind(self.run_dir, self.step_idx) or None
+
+    def fit(self, resume: bool | str = False, overwrite: bool = False) -> dict[str, float]:
+        """Train to total_steps. `resume`: True (latest checkpoint in run_dir) or a checkpoint path;
+        `overwrite`: delete a previous run's artefacts in run_dir first. A run_dir holding a previous
+        run (run_dir.previous_run) needs one of the two, or fit raises ConfigError and changes nothing.
         Returns the last value of every metric logged."""
         t = self.cfg.trainer
         last: dict[str, float] = {}
         try:
-            with claim_run_dir(self.run_dir, self.cfg):
-                if resume:
-                    self.resume(None if resume is True else resume)
+            check_reuse(self.run_dir, bool(resume), overwrite)
+            with sigterm_interrupts(), claim_run_dir(self.run_dir, self.cfg):
+                if overwrite:
+                    clear_previous_run(self.run_dir)
+                purge_step = self._continue(resume) if resume else None
                 logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
-                                   progress=t.progress, config=self.cfg.to_dict(), desc=self.progress_desc)
+                                   progress=t.progress, config=self.cfg.to_dict(), desc=self.progress_desc,
+                                   purge_step=purge_step)
                 try:
                     if self.step_idx == 0:
                         last = self.validate(logger) if t.val_before_train else {}
@@ -74,7 +145,8 @@ class TrainingLoop:
                         logger.advance()
                         last = {**last, **metrics}
                         if due(t.save_every, self.step_idx, self.total_steps):
-                            self.save()
+                            with _uninterrupted():
+                                self.save()
                     if t.export_hf:
                         self.export()
                 finally:

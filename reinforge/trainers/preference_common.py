@@ -16,6 +16,7 @@ import torch
 from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
 from reinforge.trainers.logging import RunLogger, Timer, note_skipped
 from reinforge.trainers.loop import TrainingLoop
+from reinforge.trainers.run_dir import check_writable
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
 
@@ -68,13 +69,14 @@ def load_pairs(cfg, tokenizer) -> tuple[PairSubset, PairSubset | None]:
 
 def load_inputs(cfg):
     """Checked config, tokenizer, training and held-out pairs: what DPO and RM both start from.
-    The config is validated before anything loads and again once the number of pairs is known
-    (which fixes total_steps when it derives from epochs)."""
+    The config is validated (and trainer.run_dir checked) before anything loads, and again once
+    the number of pairs is known (which fixes total_steps when it derives from epochs)."""
     from reinforge.config.preference import validate_preference
     from reinforge.models.loading import load_tokenizer
 
     m = cfg.model
     validate_preference(cfg)
+    check_writable(cfg.trainer.run_dir)  # before any model loads
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     train, val = load_pairs(cfg, tok)
     validate_preference(cfg, len(train))

@@ -26,6 +26,7 @@ from reinforge.seeding import seed_everything
 from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
 from reinforge.trainers.logging import Timer, note_skipped
 from reinforge.trainers.loop import TrainingLoop
+from reinforge.trainers.run_dir import check_writable
 from reinforge.trainers.validation import PromptEvaluator
 from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
 
@@ -98,6 +99,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
 
         self.cfg, m, d = cfg, cfg.model, cfg.data
         validate_sft(cfg)
+        check_writable(cfg.trainer.run_dir)  # before any model loads
         seed_everything(cfg.trainer.seed)
         self.device = cfg.derived["device"]
         self.tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
