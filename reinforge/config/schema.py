@@ -195,9 +195,10 @@ class RewardConfig:
     reward_model_path: Optional[str] = None
     """Sequence-classification reward model folder; its score is added to the functions'."""
     num_workers: int = 0
-    """Processes scoring in parallel (0 = in the trainer process)."""
+    """Processes scoring in parallel. 0: the built-in verifiers score in the trainer process and
+    any other function in one worker process (so that timeout_s applies to it)."""
     timeout_s: float = 10.0
-    """Per-call timeout for a reward function."""
+    """Per-call timeout for a reward function: a call past it is killed and scores default_score."""
     default_score: float = 0.0
     """Score given when a function raises or times out."""
     max_error_rate: float = 0.5

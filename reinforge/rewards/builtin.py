@@ -3,11 +3,16 @@
 from __future__ import annotations
 
 import re
+import signal
 import threading
 
 from reinforge.data.preprocess import gsm8k_answer
 
 MAX_MATH_CHARS = 4096  # math_verify's regexes are slow on huge strings; the answer sits at the end
+# One math_verify call (both parses and the comparison) on the main thread. Real answers take
+# 1-200 ms (the first \sqrt or \frac of a process ~0.2 s); sympy can spend minutes on
+# "10^{10^{10}}" or deep nesting, so past this a call scores 0 instead of stalling the batch.
+MATH_VERIFY_BUDGET_S = 0.8
 
 _THINK = re.compile(r"\s*<think>(.*?)</think>(.*)", re.DOTALL)
 
@@ -26,6 +31,11 @@ def format_reward(prompt: str, response: str, ground_truth=None, **extra) -> flo
         return 0.0
     answer = m.group(2)
     return 1.0 if answer.strip() and "<think>" not in answer and "</think>" not in answer else 0.0
+
+
+# Linear-time in the response (one strip / one lazy regex; fuzzed at 100 kB in microseconds), so
+# RewardManager may run them in the trainer process without a worker round trip.
+exact_match.bounded = format_reward.bounded = True
 
 
 def soft_overlong_punishment(length: int, max_len: int, buffer_len: int, factor: float = 1.0) -> float:
@@ -59,24 +69,51 @@ def _answer_text(response: str) -> str:
     return text
 
 
+class _OverBudget(BaseException):
+    """Raised by the budget alarm. Not an Exception, so the `except Exception` fallbacks inside
+    sympy and math_verify cannot swallow it and carry on unbounded."""
+
+
+def _over_budget(signum, frame):
+    raise _OverBudget
+
+
+def _math_verify(gold_text: str, answer_text: str) -> float:
+    from math_verify import parse, verify  # imported lazily: sympy takes ~1 s to import
+
+    # Their own timeouts are off (None): they would re-arm SIGALRM in whole seconds under ours.
+    gold = parse(gold_text, parsing_timeout=None)
+    pred = parse(answer_text, parsing_timeout=None)
+    if not gold or not pred:
+        return 0.0
+    return 1.0 if verify(gold, pred, timeout_seconds=None) else 0.0
+
+
 def math_verify_reward(prompt: str, response: str, ground_truth, **extra) -> float:
     """1.0 when math_verify judges the response's final answer equal to the ground truth.
 
     Ground truth may be "42" or "\\boxed{42}"; the response's answer is its last \\boxed{}
     or the text after "####", else the last expression math_verify extracts.
-    math_verify times out with SIGALRM, which only the main thread may use: off the main
-    thread its timeouts are disabled and the caller's timeout (RewardManager) applies.
+    On the main thread a call past MATH_VERIFY_BUDGET_S scores 0 (a SIGALRM timer, ITIMER_REAL);
+    other threads cannot take signals, so there the caller's timeout (RewardManager's worker
+    processes, whose calls run on their main thread) is the only bound.
     """
     if not isinstance(response, str) or not response.strip():
         return 0.0
-    from math_verify import parse, verify  # imported lazily: sympy takes ~1 s to import
-
-    timeout = 5 if threading.current_thread() is threading.main_thread() else None
-    gold = parse(_gold_text(ground_truth), parsing_timeout=timeout)
-    pred = parse(_answer_text(response), parsing_timeout=timeout)
-    if not gold or not pred:
+    gold_text, answer_text = _gold_text(ground_truth), _answer_text(response)
+    if threading.current_thread() is not threading.main_thread():
+        return _math_verify(gold_text, answer_text)
+    previous = signal.signal(signal.SIGALRM, _over_budget)
+    try:
+        try:
+            signal.setitimer(signal.ITIMER_REAL, MATH_VERIFY_BUDGET_S)
+            return _math_verify(gold_text, answer_text)
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+    except _OverBudget:  # also when the alarm lands in the inner finally: the timer is spent then
         return 0.0
-    return 1.0 if verify(gold, pred, timeout_seconds=timeout) else 0.0
+    finally:
+        signal.signal(signal.SIGALRM, previous)
 
 
 # Reward worker processes import these before their first call (sympy takes ~1 s), so that the

@@ -4,11 +4,16 @@ from __future__ import annotations
 
 import math
 import pickle
+import sys
 import threading
+import time
 from typing import Any, Callable
 
+from reinforge.config.schema import RewardConfig
 from reinforge.rewards.pool import ERROR, OK, TIMEOUT, TimeoutPool
 from reinforge.rewards.registry import load_reward_fn
+
+_DEFAULTS = RewardConfig()  # the schema holds the defaults; the manager only reads them
 
 
 class RewardError(RuntimeError):
@@ -59,6 +64,8 @@ class _Fn:
         self.fn: Callable = load_reward_fn(spec)
         self.weight = float(weight)
         self.batched = bool(getattr(self.fn, "batched", False))
+        # Built-ins that bound their own time (size caps, a parse budget) may skip the worker round trip.
+        self.bounded = bool(getattr(self.fn, "bounded", False))
         base = spec if isinstance(spec, str) and ":" not in spec and "/" not in spec else getattr(self.fn, "__name__", "fn")
         base = base.rsplit(".", 1)[-1]
         self.name = base if base not in names else f"{base}_{len(names)}"
@@ -70,12 +77,17 @@ class RewardManager:
     """score(prompts, responses, ground_truths, extras) -> (scores, metrics).
 
     score_i = sum_f weight_f * f(prompt_i, response_i, ground_truth_i, **extras_i).
-    Per-sample functions run in `num_workers` processes, each call limited to `timeout_s`
-    (num_workers=0: in-process and sequential, no timeout - the fast path for tests).
-    Batched functions (attribute `batched = True`) run in a thread with `batched_timeout_s`
-    (default timeout_s per sample). A call that raises or times out scores `default_score`
-    and is counted in `reward/errors` / `reward/timeouts`; if more than `max_error_rate` of
-    one function's calls in a batch fail, RewardError names it and its first failure.
+    Per-sample functions run in `num_workers` processes, each call killed after `timeout_s`.
+    num_workers=0: functions marked `bounded = True` (the built-in verifiers, whose own caps
+    bound each call) run in this process, sequentially, with no round trip; every other
+    per-sample function still goes to one worker process, so that a call that never returns
+    is killed at `timeout_s` rather than hanging the run. Batched functions (attribute
+    `batched = True`) run in a thread with `batched_timeout_s` (default timeout_s per sample;
+    a thread cannot be killed, so a hung one is abandoned). A call that raises or times out
+    scores `default_score` and is counted in `reward/errors` / `reward/timeouts` (time-outs
+    are also reported on stderr); if more than `max_error_rate` of one function's calls in a
+    batch fail, RewardError names it and its first failure.
+    Defaults are RewardConfig's (reinforge.config.schema).
     Metrics: reward/<fn>/mean, reward/<key> (mean of extra numeric keys of dict results),
     reward/errors, reward/timeouts.
     """
@@ -84,10 +96,10 @@ class RewardManager:
         self,
         specs: list,
         *,
-        num_workers: int = 2,
-        timeout_s: float = 5.0,
-        default_score: float = 0.0,
-        max_error_rate: float = 0.5,
+        num_workers: int = _DEFAULTS.num_workers,
+        timeout_s: float = _DEFAULTS.timeout_s,
+        default_score: float = _DEFAULTS.default_score,
+        max_error_rate: float = _DEFAULTS.max_error_rate,
         batched_timeout_s: float | None = None,
     ):
         if not specs:
@@ -100,41 +112,46 @@ class RewardManager:
         self.batched_timeout_s = batched_timeout_s
         self.num_workers = num_workers
         self._pool = None
-        if num_workers > 0:
-            per_sample = [f for f in self.fns if not f.batched]
-            # Workers resolve string specs and import declared heavy modules before taking work.
-            specs = [f.ref for f in per_sample if isinstance(f.ref, str)]
-            modules = sorted({m for f in per_sample for m in getattr(f.fn, "preload_modules", ())})
-            self._pool = TimeoutPool(num_workers, timeout_s, preload_specs=specs, preload_modules=modules)
-        if self._pool is not None:
-            for f in self.fns:
-                if not f.batched and not isinstance(f.ref, str):
-                    try:
-                        pickle.dumps(f.ref)
-                    except Exception as exc:
-                        raise ValueError(
-                            f"reward function '{f.name}' cannot be sent to worker processes ({exc}); "
-                            "give it as 'module:fn' or 'file.py:fn', or use num_workers=0"
-                        ) from exc
+        pooled = [f for f in self.fns if not f.batched and (num_workers > 0 or not f.bounded)]
+        for f in pooled:
+            if not isinstance(f.ref, str):
+                try:
+                    pickle.dumps(f.ref)
+                except Exception as exc:
+                    raise ValueError(
+                        f"reward function '{f.name}' cannot be sent to a worker process ({exc}), which "
+                        "its timeout needs; give it as 'module:fn' or 'file.py:fn', or, for a function "
+                        "that bounds its own time, set its attribute bounded = True (num_workers=0 only)"
+                    ) from exc
+        if pooled:
+            # Workers resolve string specs and import declared heavy modules before taking work
+            # (started on first use: a run that never scores never starts one).
+            specs = [f.ref for f in pooled if isinstance(f.ref, str)]
+            modules = sorted({m for f in pooled for m in getattr(f.fn, "preload_modules", ())})
+            self._pool = TimeoutPool(max(1, num_workers), timeout_s, preload_specs=specs, preload_modules=modules)
 
     def _run_per_sample(self, f: _Fn, prompts, responses, gts, extras) -> list[tuple[str, Any]]:
         calls = [(f.ref, (p, r, g), dict(e)) for p, r, g, e in zip(prompts, responses, gts, extras)]
-        if self._pool is not None:
+        if self.num_workers > 0 or not f.bounded:
             return self._pool.run(calls)
         out = []
         for _, args, kwargs in calls:
+            start = time.monotonic()
             try:
                 out.append((OK, f.fn(*args, **kwargs)))
             except Exception as exc:  # noqa: BLE001 - contained and counted
                 out.append((ERROR, f"{type(exc).__name__}: {exc}"))
+            # Not interruptible here, but a bounded function that still overran scores as a time-out.
+            elapsed = time.monotonic() - start
+            if elapsed > self.timeout_s:
+                out[-1] = (TIMEOUT, f"took {elapsed:.1f}s in-process (timeout_s={self.timeout_s:g})")
         return out
 
     def _run_batched(self, f: _Fn, prompts, responses, gts, extras) -> list[tuple[str, Any]]:
         n = len(prompts)
         timeout = self.batched_timeout_s or self.timeout_s * max(1, n)
         try:
-            values = _call_in_thread(f.fn, (list(prompts), list(responses), list(gts), list(extras)),
-                                     None if self.num_workers == 0 else timeout)
+            values = _call_in_thread(f.fn, (list(prompts), list(responses), list(gts), list(extras)), timeout)
         except TimeoutError:
             return [(TIMEOUT, f"batched call timed out after {timeout:g}s")] * n
         except Exception as exc:  # noqa: BLE001
@@ -168,6 +185,10 @@ class RewardManager:
                     s, failures, first = self.default_score, failures + 1, first or value
                     metrics["reward/timeouts" if status == TIMEOUT else "reward/errors"] += 1
                 scores.append(s)
+            timeouts = sum(status == TIMEOUT for status, _ in results)
+            if timeouts:
+                print(f"[reinforge] reward '{f.name}': {timeouts}/{n} calls timed out and scored "
+                      f"{self.default_score:g}: {next(v for st, v in results if st == TIMEOUT)}", file=sys.stderr)
             if n and failures / n > self.max_error_rate:
                 raise RewardError(
                     f"reward function '{f.name}' failed on {failures}/{n} samples "

@@ -64,6 +64,9 @@ def score_countdown(prompt: str, response: str, ground_truth, **extra) -> float:
     return 1.0 if value == target and sorted(used) == sorted(numbers) else 0.0
 
 
+score_countdown.bounded = True  # MAX_RESPONSE_CHARS caps the parse; RewardManager may run it in-process
+
+
 def _combine(op: str, left: tuple[Fraction, str, str], right: tuple[Fraction, str, str]):
     """Apply `op` to two (value, text, top-level op) triples, adding only needed parentheses."""
     (lv, lt, lop), (rv, rt, rop) = left, right

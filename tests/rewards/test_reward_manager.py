@@ -4,6 +4,7 @@ import time
 
 import pytest
 
+from reinforge.config.schema import RewardConfig
 from reinforge.rewards import RewardError, RewardManager
 
 USER_FNS = '''
@@ -12,6 +13,13 @@ import os, time
 def slow(prompt, response, ground_truth, **extra):
     if response == "slow":
         time.sleep(60)
+    return 1.0
+
+def hang(prompt, response, ground_truth, **extra):
+    if response == "sleep":
+        time.sleep(10**9)
+    while response == "loop":
+        pass
     return 1.0
 
 def flaky(prompt, response, ground_truth, **extra):
@@ -78,17 +86,54 @@ def test_worker_pool_timeout_error_death_and_recovery(fns):
         m.close()
 
 
-def test_batched_function_and_timeout(fns):
-    with RewardManager([(f"{fns}:batched", 1.0)], num_workers=1) as m:
-        assert m.score(["p"] * 2, ["ab", "abcd"], [None] * 2)[0] == [2.0, 4.0]
-    with RewardManager([(f"{fns}:batched_slow", 1.0)], num_workers=1, batched_timeout_s=0.2,
-                       max_error_rate=1.0) as m:
+def test_hung_user_function_times_out_with_default_workers(fns, capsys):
+    """num_workers=0 (the default): a call that sleeps or loops forever is killed at timeout_s."""
+    assert RewardConfig().num_workers == 0
+    with RewardManager([(f"{fns}:hang", 1.0), ("exact_match", 1.0)], timeout_s=1.0) as m:
+        assert m.num_workers == 0 and m.max_error_rate == RewardConfig().max_error_rate
+        start = time.monotonic()
+        scores, metrics = m.score(["p"] * 5, ["sleep", "loop", "1", "1", "1"], ["1"] * 5)
+        # Two 1 s time-outs plus worker start-ups (~0.4 s each here), far from the 10^9 s sleep.
+        assert time.monotonic() - start < 15
+    assert scores == [0.0, 0.0, 2.0, 2.0, 2.0]  # exact_match scored in-process; hang 0 on both
+    assert metrics["reward/timeouts"] == 2 and metrics["reward/errors"] == 0
+    assert "reward 'hang': 2/5 calls timed out and scored 0: timed out after 1s" in capsys.readouterr().err
+
+
+def test_builtins_score_in_process_without_a_pool():
+    with RewardManager(["exact_match", "format", "arithmetic"]) as m:
+        assert m._pool is None
+        assert m.score(["p"] * 2, ["7", "<think>a</think>7"], ["7", "7"])[0] == [2.0, 1.0]
+    with RewardManager(["countdown"]) as m:
+        assert m._pool is None
+        assert m.score(["p"], ["(3+4)*2"], [{"numbers": [2, 3, 4], "target": 14}])[0] == [1.0]
+
+
+def test_bounded_function_that_overruns_in_process_scores_as_timeout():
+    def sluggish(prompt, response, ground_truth, **extra):
+        time.sleep(0.3)
+        return 1.0
+
+    sluggish.bounded = True  # a lambda or closure runs in-process only when it says it is bounded
+    with RewardManager([(sluggish, 1.0)], timeout_s=0.1, max_error_rate=1.0) as m:
         scores, metrics = m.score(["p"] * 2, ["a", "b"], [None] * 2)
     assert scores == [0.0, 0.0] and metrics["reward/timeouts"] == 2
 
 
-def test_unpicklable_callable_rejected_for_workers():
-    with pytest.raises(ValueError, match="num_workers=0"):
-        RewardManager([(lambda p, r, g, **k: 1.0, 1.0)], num_workers=1)
-    with RewardManager([(lambda p, r, g, **k: 1.0, 1.0)], num_workers=0) as m:
+def test_batched_function_and_timeout(fns):
+    with RewardManager([(f"{fns}:batched", 1.0)], num_workers=1) as m:
+        assert m.score(["p"] * 2, ["ab", "abcd"], [None] * 2)[0] == [2.0, 4.0]
+    # The batched timeout applies with the default num_workers=0 too.
+    with RewardManager([(f"{fns}:batched_slow", 1.0)], batched_timeout_s=0.2, max_error_rate=1.0) as m:
+        scores, metrics = m.score(["p"] * 2, ["a", "b"], [None] * 2)
+    assert scores == [0.0, 0.0] and metrics["reward/timeouts"] == 2
+
+
+def test_unpicklable_callable_rejected_unless_bounded():
+    for workers in (0, 1):
+        with pytest.raises(ValueError, match="cannot be sent to a worker process"):
+            RewardManager([(lambda p, r, g, **k: 1.0, 1.0)], num_workers=workers)
+    fn = lambda p, r, g, **k: 1.0  # noqa: E731
+    fn.bounded = True
+    with RewardManager([(fn, 1.0)], num_workers=0) as m:
         assert m.score(["p"], ["r"], [None])[0] == [1.0]
