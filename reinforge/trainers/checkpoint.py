@@ -155,9 +155,8 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, torch.nn.Module],
                     state: dict[str, Any], cfg, keep_last: int = 2, writers: tuple = ()) -> Path:
-    """Write `step_<step>/` (with the resolved `cfg` as config.yaml) atomically and prune: the
-    last `keep_last` steps up to `step` stay, and later ones go (a run resumed from an earlier
-    step abandoned them; `--resume` must not pick them). Returns its path.
+    """Write `step_<step>/` (with the resolved `cfg` as config.yaml) atomically and prune old
+    checkpoints (the newest `keep_last` step folders stay). Returns its path.
 
     `writers` are called with the temporary folder first (sharded state of a worker group
     goes there, and may add to `state`), so they are part of the same manifest and rename."""
@@ -179,9 +178,7 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, to
     _sync_tree(tmp)
     crash_point("save:sealed")
     _replace_dir(tmp, final, "save")
-    older = [p for s, p in step_folders(root) if s < step]
-    later = [p for s, p in step_folders(root) if s > step]
-    for old in later + (older[:max(0, len(older) - (keep_last - 1))] if keep_last > 0 else []):
+    for _, old in step_folders(root)[:-keep_last] if keep_last > 0 else []:
         _remove_dir(old, "prune")
     return final
 
