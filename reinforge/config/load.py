@@ -64,7 +64,8 @@ def _read_yaml(path: Path, seen: tuple = ()) -> dict:
     except yaml.YAMLError as exc:
         raise yaml_error(str(path), exc) from None
     except UnicodeDecodeError as exc:
-        raise ConfigError(f"{path}: not UTF-8 text (byte {exc.object[exc.start:exc.end]!r} at offset {exc.start})") from None
+        bad = exc.object[exc.start:exc.end]
+        raise ConfigError(f"{path}: not UTF-8 text (byte {bad!r} at offset {exc.start}); save it as UTF-8") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: top level must be a mapping")
     base = data.pop("base", None)

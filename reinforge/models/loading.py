@@ -18,11 +18,9 @@ from transformers import (
     PreTrainedModel,
 )
 
+from reinforge.models.checks import ModelLoadError, check_tokenizer_files, corrupt_weight_file
+
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-class ModelLoadError(ValueError):
-    """A model or tokenizer folder that cannot be used."""
 
 
 def resolve_dtype(name: str, device: str) -> torch.dtype:
@@ -41,11 +39,31 @@ def _check_folder(path: str) -> None:
         raise ModelLoadError(f"{path!r} is not a Hugging Face model folder (no config.json)")
 
 
+def _from_pretrained(load, path: str, *args, **kwargs):
+    """`load(path, ...)` (a from_pretrained); when it fails and a weight file of `path` is
+    unsound, ModelLoadError names that file instead of the loader's traceback."""
+    try:
+        return load(path, *args, **kwargs)
+    except Exception as exc:
+        try:
+            bad = corrupt_weight_file(path)
+        except ModelLoadError as missing:
+            raise missing from exc
+        if bad is None:
+            raise
+        raise ModelLoadError(f"weight file {bad[0]} is corrupt: {bad[1]}") from exc
+
+
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """Tokenizer with a pad token (EOS when the model has none) and left padding for generation."""
     if not path or not Path(path).is_dir():
         raise ModelLoadError(f"tokenizer folder {path!r} does not exist")
-    tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+    check_tokenizer_files(path, "tokenizer folder", trust_remote_code)
+    try:
+        tok = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
+    except Exception as exc:  # tokenizers, sentencepiece and transformers raise many types
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelLoadError(f"tokenizer at {path!r} cannot be loaded: {type(exc).__name__}: {first}") from exc
     if tok.pad_token_id is None:
         if tok.eos_token_id is None:
             raise ModelLoadError(f"tokenizer at {path!r} has neither a pad nor an EOS token")
@@ -70,9 +88,9 @@ def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu", gradi
                    train: bool = True) -> PreTrainedModel:
     """Actor (train=True) or reference (train=False: eval mode, no gradients)."""
     _check_folder(path)
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation, local_files_only=True)
+    model = _from_pretrained(
+        AutoModelForCausalLM.from_pretrained, path, dtype=resolve_dtype(dtype, device),
+        trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, local_files_only=True)
     return _finish(model, device, gradient_checkpointing and train, train)
 
 
@@ -97,9 +115,10 @@ def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient
     # A sequence-classification head has no bias; match it so the RM's head loads as the value head.
     if not from_critic:
         config.token_classification_bias = not from_rm
-    model = AutoModelForTokenClassification.from_pretrained(
-        path, config=config, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
-        attn_implementation=attn_implementation, local_files_only=True, ignore_mismatched_sizes=True)
+    model = _from_pretrained(
+        AutoModelForTokenClassification.from_pretrained, path, config=config, dtype=resolve_dtype(dtype, device),
+        trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, local_files_only=True,
+        ignore_mismatched_sizes=True)
     if not (from_rm or from_critic):
         # A small head keeps the initial values near zero, so early advantages are not dominated
         # by a random value function.
@@ -113,7 +132,7 @@ def load_reward_model(path: str, *, dtype: str = "auto", device: str = "cpu",
                       trust_remote_code: bool = False) -> PreTrainedModel:
     """A frozen sequence classifier with one label (Bradley-Terry reward model)."""
     _check_folder(path)
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
-        local_files_only=True)
+    model = _from_pretrained(
+        AutoModelForSequenceClassification.from_pretrained, path, num_labels=1, dtype=resolve_dtype(dtype, device),
+        trust_remote_code=trust_remote_code, local_files_only=True)
     return _finish(model, device, False, False)

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import difflib
 import functools
 import importlib
 import importlib.util
+import inspect
 import os
 import sys
 from typing import Callable
@@ -53,12 +55,16 @@ def load_reward_fn(spec) -> Callable:
     spec = spec.strip()
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
+    if spec.endswith(".py"):
+        raise ValueError(f"reward '{spec}': name the function in the file too, '{spec}:fn'")
     module_name, sep, attr = spec.rpartition(":")
     if not sep:
         module_name, _, attr = spec.rpartition(".")
     if not module_name or not attr:
+        close = difflib.get_close_matches(spec, list(BUILTIN_REWARDS), n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
         raise ValueError(
-            f"unknown reward '{spec}'; built-ins: {', '.join(sorted(BUILTIN_REWARDS))}; "
+            f"unknown reward '{spec}'; {hint}built-ins: {', '.join(sorted(BUILTIN_REWARDS))}; "
             "or give 'pkg.module:fn', 'pkg.module.fn' or 'path/to/file.py:fn'"
         )
     module = _load_file(module_name) if module_name.endswith(".py") else _import(module_name, spec)
@@ -68,11 +74,34 @@ def load_reward_fn(spec) -> Callable:
     return fn
 
 
+def check_reward_signature(fn: Callable, spec: str) -> None:
+    """ValueError unless `fn` takes the reward-function arguments: (prompt, response,
+    ground_truth, **extra), or (prompts, responses, ground_truths, extras) when batched.
+    Callables whose signature Python cannot read (C functions) pass."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return
+    batched = bool(getattr(fn, "batched", False))
+    try:
+        if batched:
+            sig.bind([], [], [], [])
+        else:
+            sig.bind("prompt", "response", "ground_truth", data_source="source")  # extras come as keywords
+    except TypeError as exc:
+        want = ("fn(prompts, responses, ground_truths, extras)" if batched
+                else "fn(prompt, response, ground_truth, **extra)")
+        name = getattr(fn, "__name__", repr(fn))
+        raise ValueError(f"reward '{spec}': {name}{sig} cannot be called as {want} ({exc})") from None
+
+
 def _import(module_name: str, spec: str):
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
         raise ValueError(f"reward '{spec}': cannot import module '{module_name}': {exc}") from exc
+    except Exception as exc:  # the module's own code failed at import
+        raise ValueError(f"reward '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
 
 
 @functools.lru_cache(maxsize=None)
@@ -85,5 +114,9 @@ def _load_file(path: str):
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # lets dataclasses / pickling inside the file find the module
-    module_spec.loader.exec_module(module)
+    try:
+        module_spec.loader.exec_module(module)
+    except Exception as exc:  # a syntax error (its message holds the line) or the file's own code
+        del sys.modules[name]
+        raise ValueError(f"reward file {path}: {type(exc).__name__}: {exc}") from exc
     return module

@@ -73,9 +73,10 @@ def load_inputs(cfg):
     the number of pairs is known (which fixes total_steps when it derives from epochs)."""
     from reinforge.config.preference import validate_preference
     from reinforge.models.loading import load_tokenizer
+    from reinforge.trainers.preflight import preflight
 
     m = cfg.model
-    validate_preference(cfg)
+    preflight(cfg)  # validate_preference, the model folders' files, the eval reward functions
     check_writable(cfg.trainer.run_dir)  # before any model loads
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     train, val = load_pairs(cfg, tok)

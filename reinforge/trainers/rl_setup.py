@@ -10,9 +10,9 @@ from typing import Any
 from reinforge.algos.kl import make_kl_controller
 from reinforge.config.load import ConfigError
 from reinforge.config.schema import RLConfig
-from reinforge.config.validate import validate
 from reinforge.models.loading import load_causal_lm, load_critic, load_tokenizer
 from reinforge.trainers.logging import note_skipped
+from reinforge.trainers.preflight import preflight
 from reinforge.workers.actor import ActorWorker
 from reinforge.workers.critic import CriticWorker
 from reinforge.workers.reference import ReferenceWorker
@@ -140,7 +140,7 @@ def build_ray_workers(cfg: RLConfig) -> tuple[Workers, Any]:
 def build_components(cfg: RLConfig) -> Components:
     from reinforge.data import PromptLoader
 
-    validate(cfg)
+    preflight(cfg)  # validate, the model folders' files, the reward functions
     device, m = cfg.derived["device"], cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     train = load_prompts(list(cfg.data.train_files), tok, cfg)

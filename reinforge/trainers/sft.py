@@ -96,9 +96,10 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
     def __init__(self, cfg: SFTConfig):
         from reinforge.data import PromptLoader, SFTDataset  # PromptLoader: a seeded, resumable order
         from reinforge.models.loading import load_causal_lm, load_tokenizer
+        from reinforge.trainers.preflight import preflight
 
         self.cfg, m, d = cfg, cfg.model, cfg.data
-        validate_sft(cfg)
+        preflight(cfg)  # validate_sft, the model folder's files, the eval reward functions
         check_writable(cfg.trainer.run_dir)  # before any model loads
         seed_everything(cfg.trainer.seed)
         self.device = cfg.derived["device"]

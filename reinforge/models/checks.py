@@ -1,0 +1,114 @@
+"""Checks of a model folder's files that build no model: config.json, the weight files (each
+safetensors header against its file's size) and the tokenizer files. Standard library only, so
+a bad folder is refused in milliseconds, before torch or transformers load anything.
+"""
+from __future__ import annotations
+
+import json
+import os
+import struct
+from pathlib import Path
+from typing import Optional
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+# Any one of these holds a vocabulary (fast tokenizer, sentencepiece, BPE, WordPiece).
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer.model", "vocab.json", "vocab.txt", "spiece.model",
+                   "sentencepiece.bpe.model")
+MAX_HEADER_BYTES = 100_000_000  # the safetensors library's own limit
+
+
+class ModelLoadError(ValueError):
+    """A model or tokenizer folder that cannot be used."""
+
+
+def safetensors_problem(path: str | os.PathLike) -> Optional[str]:
+    """What is wrong with the layout of a .safetensors file, or None when it is sound.
+
+    Layout: 8 bytes little-endian u64 N, then N bytes of JSON {tensor: {"dtype", "shape",
+    "data_offsets": [begin, end]}, "__metadata__": {...}}, then the tensor data, which must end
+    exactly at the file's end (a truncated copy fails here).
+    """
+    size = os.path.getsize(path)
+    if size < 8:
+        return f"{size} bytes, too short for the 8-byte header length (truncated?)"
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        if n > MAX_HEADER_BYTES or 8 + n > size:
+            return f"header length {n} does not fit in the file's {size} bytes (truncated or not safetensors)"
+        raw = f.read(n)
+    try:
+        header = json.loads(raw)
+        ends = [int(v["data_offsets"][1]) for k, v in header.items() if k != "__metadata__"]
+    except (ValueError, UnicodeDecodeError, KeyError, TypeError, IndexError, AttributeError) as exc:
+        return f"header is not a safetensors header ({type(exc).__name__}: {exc})"
+    expected = 8 + n + max(ends, default=0)
+    if expected != size:
+        return f"the header describes {expected} bytes but the file has {size} (truncated or corrupt)"
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ModelLoadError(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{path}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def weight_files(folder: str | os.PathLike) -> list[Path]:
+    """The weight files a from_pretrained load of `folder` reads (the shards of an index).
+    ModelLoadError when there are none or an index names a missing shard."""
+    folder = Path(folder)
+    for name in WEIGHT_FILES:
+        f = folder / name
+        if not f.is_file():
+            continue
+        if not name.endswith(".index.json"):
+            return [f]
+        shards = sorted(set(_read_json(f).get("weight_map", {}).values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing or not shards:
+            raise ModelLoadError(f"{f}: names missing shard file(s) {missing[:3]}" if missing
+                                 else f"{f}: empty weight_map")
+        return [folder / s for s in shards]
+    raise ModelLoadError(f"{folder}: no weight files (looked for {', '.join(WEIGHT_FILES)})")
+
+
+def corrupt_weight_file(folder: str | os.PathLike) -> Optional[tuple[Path, str]]:
+    """(file, problem) of the first unsound safetensors file of `folder`, or None."""
+    for f in weight_files(folder):
+        if f.suffix == ".safetensors":
+            problem = safetensors_problem(f)
+            if problem:
+                return f, problem
+    return None
+
+
+def check_model_files(folder: str | os.PathLike, key: str) -> None:
+    """`folder` (config key `key`) has a config.json object and sound weight files."""
+    folder = Path(folder)
+    if not (folder / "config.json").is_file():
+        raise ModelLoadError(f"{key}='{folder}' is not a Hugging Face model folder (no config.json)")
+    _read_json(folder / "config.json")
+    bad = corrupt_weight_file(folder)
+    if bad:
+        raise ModelLoadError(f"{key}: weight file {bad[0]} is corrupt: {bad[1]}")
+
+
+def check_tokenizer_files(folder: str | os.PathLike, key: str, trust_remote_code: bool = False,
+                          fix: str = "copy the tokenizer files into it") -> None:
+    """`folder` (config key `key`) holds a vocabulary. Without one, transformers falls back to an
+    empty tokenizer that encodes every prompt to zero tokens, and a run "trains" on nothing.
+    `fix` ends the message (what the user should do)."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise ModelLoadError(f"{key}='{folder}': no such tokenizer folder")
+    if any((folder / name).is_file() for name in TOKENIZER_FILES):
+        return
+    tok_config = folder / "tokenizer_config.json"
+    if trust_remote_code and tok_config.is_file() and "auto_map" in _read_json(tok_config):
+        return  # a custom tokenizer class shipped with the model reads files of its own
+    raise ModelLoadError(f"{key}='{folder}' has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}): {fix}")

@@ -1,0 +1,83 @@
+"""`preflight(cfg)`: every check of a training config that builds no model. The CLI runs it
+before it builds a trainer, and each trainer's constructor runs it first, so a Python user gets
+the same one-line errors. A failure leaves the run directory untouched.
+
+1. the config's own rules: validate / validate_sft / validate_preference (ranges, names,
+   batch sizes, data files exist; fills cfg.derived);
+2. the model folders' files: config.json, safetensors headers against file sizes, tokenizer
+   files (reinforge.models.checks; reads files only);
+3. the reward functions: each imported, checked callable with the reward-function signature.
+"""
+from __future__ import annotations
+
+from reinforge.config.load import ConfigError
+from reinforge.config.validate import check_model_path
+from reinforge.models.checks import check_model_files, check_tokenizer_files
+
+
+def _validate(cfg) -> None:
+    from reinforge.config.preference import validate_preference
+    from reinforge.config.schema import RLConfig
+    from reinforge.config.sft import SFTConfig, validate_sft
+    from reinforge.config.validate import validate
+
+    if isinstance(cfg, RLConfig):
+        validate(cfg)
+    elif isinstance(cfg, SFTConfig):
+        validate_sft(cfg)
+    else:
+        validate_preference(cfg)
+
+
+def model_folders(cfg) -> list[tuple[str, str]]:
+    """(dotted key, folder) of every model the run will load: the policy, and the critic, the
+    reward model (RL) or the DPO reference when they are set."""
+    out = {"model.path": cfg.model.path}
+    if hasattr(cfg, "critic") and cfg.derived.get("critic_enabled"):
+        out["critic.model_path"] = cfg.critic.model_path
+    if hasattr(cfg, "reward"):
+        out["reward.reward_model_path"] = cfg.reward.reward_model_path
+    if hasattr(cfg, "dpo"):
+        out["dpo.ref_model_path"] = cfg.dpo.ref_model_path
+    return [(k, v) for k, v in out.items() if v]
+
+
+def reward_functions(cfg) -> list[tuple[str, str]]:
+    """(dotted key, spec) of every reward function the run may call (RL reward, SFT/DPO eval)."""
+    if hasattr(cfg, "reward"):
+        return [(f"reward.functions[{i}].name", f["name"]) for i, f in enumerate(cfg.reward.functions)]
+    if hasattr(cfg, "eval"):
+        return [(f"eval.reward_functions[{i}].name", f["name"]) for i, f in enumerate(cfg.eval.reward_functions)]
+    return []
+
+
+def check_reward_function(spec: str, key: str) -> None:
+    """Import reward function `spec` and check its signature; ConfigError naming `key` if not."""
+    from reinforge.rewards.registry import check_reward_signature, load_reward_fn
+
+    try:
+        check_reward_signature(load_reward_fn(spec), spec)
+    except ValueError as exc:
+        raise ConfigError(f"{key}: {exc}") from None
+
+
+def preflight(cfg):
+    """Check `cfg` (RL, SFT, DPO or RM) and every file it names without building a model;
+    raises ConfigError, DataError or ModelLoadError. Returns the same (validated) config."""
+    _validate(cfg)
+    folders = model_folders(cfg)
+    for key, folder in folders:
+        check_model_path(folder, key)
+        check_model_files(folder, key)
+    m = cfg.model
+    if m.tokenizer_path:
+        check_tokenizer_files(m.tokenizer_path, "model.tokenizer_path", m.trust_remote_code)
+    else:
+        check_tokenizer_files(m.path, "model.path", m.trust_remote_code,
+                              fix="copy the tokenizer files into it or set model.tokenizer_path")
+    rm_path = dict(folders).get("reward.reward_model_path")
+    if rm_path:  # the reward model reads text with its own tokenizer
+        check_tokenizer_files(rm_path, "reward.reward_model_path")
+    for key, spec in reward_functions(cfg):
+        check_reward_function(spec, key)
+    return cfg
