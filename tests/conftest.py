@@ -11,7 +11,9 @@ import torch
 
 DIGIT_REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:digit_fraction"
 
-torch.set_num_threads(max(1, min(2, os.cpu_count() or 1)))
+# At most 2 intra-op threads, unless OMP_NUM_THREADS says otherwise (the suite must pass at
+# any thread count: run it with OMP_NUM_THREADS=1 and =16 to check).
+torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or max(1, min(2, os.cpu_count() or 1))))
 
 
 @pytest.fixture(scope="session")
