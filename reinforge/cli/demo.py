@@ -1,4 +1,4 @@
-"""`reinforge demo [--quick] [--out DIR]`: the whole pipeline on a 2-core CPU, in minutes.
+"""`reinforge demo [--quick] [--seed K] [--out DIR]`: the whole pipeline on a 2-core CPU, in minutes.
 
     1. data   built-in arithmetic task: SFT pairs, RL prompts, held-out test prompts
     2. model  a ~3M-parameter Qwen2 with a character tokenizer, random init
@@ -8,16 +8,23 @@
 Both policies are judged by the same validation (greedy exact match on the held-out test
 prompts, never seen in SFT or RL): the RL run validates before its first step (= the base)
 and after its last. `--quick` runs a handful of steps of each stage (the CI check).
+
+`--seed K` changes everything random (stage_seeds): the task data (which prompts are SFT, RL and
+held-out test prompts), the model's init, and the SFT and RL runs' seeds (example order, prompt
+order, sampling). Seed 0 is `make demo`. Each run replaces the demo's own stage folders in its
+out dir (data, model, sft, grpo), so `make demo` can be repeated.
 """
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from pathlib import Path
 
 # The built-in task and tiny model of the demo (not a config preset: no trainer reads these keys).
 DEMO_TASK = {"task": "arithmetic", "options": {"digits": 2, "ops": "+"}, "n_train": 4000, "n_test": 200,
-             "n_sft": 2000, "data_seed": 0, "model_seed": 0}
+             "n_sft": 2000}
+STAGES = ("data", "model", "sft", "grpo")  # the folders a demo run writes under its out dir
 
 # A few steps of each stage: the pipeline end to end in well under a minute.
 QUICK_SFT = ["optim.total_steps=5", "optim.warmup_steps=0"]
@@ -26,12 +33,24 @@ QUICK_RL = ["trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4", "
 QUICK_TASK = {"n_train": 64, "n_test": 16, "n_sft": 256}
 
 
-def make_inputs(out: Path, quick: bool) -> tuple[dict, dict]:
+def stage_seeds(seed: int) -> dict[str, int]:
+    """Every seed of a demo run from its --seed. The trainers get seed + 1 so that seed 0 keeps
+    the seeds the presets had before --seed existed (data and model 0, trainers 1)."""
+    return {"data_seed": seed, "model_seed": seed, "train_seed": seed + 1}
+
+
+def trainer_seeds(seed: int) -> list[str]:
+    """Overrides for an SFT or RL run: the global seed and the data-order seed."""
+    k = stage_seeds(seed)["train_seed"]
+    return [f"trainer.seed={k}", f"data.seed={k}"]
+
+
+def make_inputs(out: Path, quick: bool, seed: int) -> tuple[dict, dict]:
     """Task data and the random tiny model; returns (data paths, task settings)."""
     from reinforge.models.tiny import make_tiny_model
     from reinforge.tasks import build_char_tokenizer, make_task_data
 
-    task = dict(DEMO_TASK)
+    task = {**DEMO_TASK, **stage_seeds(seed)}
     if quick:
         task.update(QUICK_TASK)
     paths = make_task_data(task["task"], str(out / "data"), n_train=task["n_train"], n_test=task["n_test"],
@@ -40,27 +59,30 @@ def make_inputs(out: Path, quick: bool) -> tuple[dict, dict]:
     return paths, task
 
 
-def run_sft(out: Path, paths: dict, quick: bool) -> Path:
+def run_sft(out: Path, paths: dict, seed: int, extra: list[str]) -> Path:
+    """SFT of out/model on the SFT pairs (presets/demo_sft.yaml + `extra` overrides); returns the base."""
     from reinforge.config.load import load_config
     from reinforge.config.sft import SFTConfig
     from reinforge.trainers.sft import SFTTrainer
 
-    overrides = [f"model.path={out / 'model'}", f"data.train_files=[{paths['sft']}]", f"trainer.run_dir={out / 'sft'}"]
-    cfg = load_config(SFTConfig, "demo_sft", overrides + (QUICK_SFT if quick else []))
+    overrides = [f"model.path={out / 'model'}", f"data.train_files=[{paths['sft']}]", f"trainer.run_dir={out / 'sft'}",
+                 *trainer_seeds(seed)]
+    cfg = load_config(SFTConfig, "demo_sft", overrides + extra)
     SFTTrainer(cfg).fit()  # fit() writes out/sft/config.yaml
     return out / "sft" / "hf"
 
 
-def run_rl(out: Path, base: Path, paths: dict, quick: bool) -> tuple[dict, dict]:
-    """GRPO from `base`; returns (validation metrics at step 0 = the base, final metrics)."""
+def run_rl(out: Path, base: Path, paths: dict, seed: int, extra: list[str]) -> tuple[dict, dict]:
+    """GRPO from `base` (presets/demo_grpo.yaml + `extra` overrides); returns (validation metrics
+    at step 0 = the base, final metrics)."""
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.trainers.rl import RLTrainer
 
     run_dir = out / "grpo"
     overrides = [f"model.path={base}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['test']}]",
-                 f"trainer.run_dir={run_dir}"]
-    cfg = load_config(RLConfig, "demo_grpo", overrides + (QUICK_RL if quick else []))
+                 f"trainer.run_dir={run_dir}", *trainer_seeds(seed)]
+    cfg = load_config(RLConfig, "demo_grpo", overrides + extra)
     final = RLTrainer(cfg).fit()  # fit() writes run_dir/config.yaml
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     before = next(r for r in rows if r["step"] == 0)
@@ -108,25 +130,27 @@ def _threads() -> int:
 
 
 def run_demo(args, threads: int) -> int:
-    out = Path(args.out)
+    out = Path(args.out or ("runs/demo" if args.seed == 0 else f"runs/demo_seed{args.seed}"))
+    for stage in STAGES:  # a previous demo's checkpoints and metrics would mix with this run's
+        shutil.rmtree(out / stage, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t_all = t = time.perf_counter()
-    paths, task = make_inputs(out, args.quick)
+    paths, task = make_inputs(out, args.quick, args.seed)
     times["data+model"] = time.perf_counter() - t
     t = time.perf_counter()
-    base = run_sft(out, paths, args.quick)
+    base = run_sft(out, paths, args.seed, QUICK_SFT if args.quick else [])
     times["sft"] = time.perf_counter() - t
     t = time.perf_counter()
-    before, final = run_rl(out, base, paths, args.quick)
+    before, final = run_rl(out, base, paths, args.seed, QUICK_RL if args.quick else [])
     times["rl"] = time.perf_counter() - t
     times["total"] = time.perf_counter() - t_all
-    report = {"task": task, "quick": args.quick, "torch_threads": threads, "base": _val(before), "rl": _val(final),
-              "time_s": times, "base_model": str(base), "rl_run_dir": str(out / "grpo"), "rl_model": str(out / "grpo" / "hf")}
+    report = {"task": task, "seed": args.seed, "quick": args.quick, "torch_threads": threads, "base": _val(before),
+              "rl": _val(final), "time_s": times, "base_model": str(base), "rl_run_dir": str(out / "grpo"), "rl_model": str(out / "grpo" / "hf")}
     report["delta_acc_greedy"] = report["rl"]["acc_greedy"] - report["base"]["acc_greedy"]
     (out / "demo_report.json").write_text(json.dumps(report, indent=2))
     print("\n" + format_table(report))
-    print(f"\nheld-out greedy accuracy: SFT base {report['base']['acc_greedy']:.1%} -> RL "
+    print(f"\nheld-out greedy accuracy (seed {args.seed}): SFT base {report['base']['acc_greedy']:.1%} -> RL "
           f"{report['rl']['acc_greedy']:.1%} ({report['delta_acc_greedy'] * 100:+.1f} points)")
     print(f"run directory: {out}  (RL run: {out / 'grpo'}, report: {out / 'grpo' / 'report'}, "
           f"summary: {out / 'demo_report.json'})")
