@@ -73,9 +73,20 @@ def load_rows(path: str, *, nonempty: bool = False) -> list[dict[str, Any]]:
     return rows
 
 
+def _decode_utf8(path: str, raw: bytes) -> str:
+    """The file's text; DataError naming the line, column and bytes that are not UTF-8."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = raw.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (raw.rfind(b"\n", 0, exc.start) + 1) + 1
+        raise DataError(f"{os.path.basename(path)}: line {line}, column {column}: bytes "
+                        f"{raw[exc.start:exc.end]!r} are not UTF-8; save the file as UTF-8") from None
+
+
 def _read_json(path: str) -> list:
-    with open(path, encoding="utf-8") as f:
-        text = f.read()
+    with open(path, "rb") as f:
+        text = _decode_utf8(path, f.read())
     if path.lower().endswith(".json") and text.lstrip().startswith("["):
         return json.loads(text)
     rows = []

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from reinforge.data.io import DataError, ItemsDataset, row_error
 from reinforge.data.sft import collate_sft
-from reinforge.data.text import encode, render_prompt, response_text
+from reinforge.data.text import encode, nonempty_ids, render_prompt, response_text
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
     import torch
@@ -36,7 +36,8 @@ class PreferenceDataset(ItemsDataset):
             if chosen[-1].strip() == rejected[-1].strip():
                 raise row_error(self.path, i, "rejected", "identical to 'chosen'")
         eos = tokenizer.eos_token_id
-        p_ids, c_ids, r_ids = encode(tokenizer, prompts), encode(tokenizer, chosen), encode(tokenizer, rejected)
+        p_ids, c_ids, r_ids = (nonempty_ids(encode(tokenizer, texts), self.path, field)
+                               for texts, field in ((prompts, "prompt"), (chosen, "chosen"), (rejected, "rejected")))
         self.items, self.num_skipped = [], 0
         for i, (text, p, c, r) in enumerate(zip(prompts, p_ids, c_ids, r_ids)):
             longest = len(p) + max(len(c), len(r)) + 1

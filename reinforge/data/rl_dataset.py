@@ -6,7 +6,7 @@ import os
 from typing import Any
 
 from reinforge.data.io import DataError, ItemsDataset, row_error
-from reinforge.data.text import encode, render_prompt
+from reinforge.data.text import encode, nonempty_ids, render_prompt
 
 GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution")  # TRL-style, tried in this order
 OVERLONG_POLICIES = ("error", "skip", "truncate_left")
@@ -67,7 +67,8 @@ class RLDataset(ItemsDataset):
             meta.append((gt, extra))
         self.num_skipped = 0
         self.items: list[dict] = []
-        for i, (text, ids, (gt, extra)) in enumerate(zip(texts, encode(tokenizer, texts), meta)):
+        all_ids = nonempty_ids(encode(tokenizer, texts), self.path, prompt_key)
+        for i, (text, ids, (gt, extra)) in enumerate(zip(texts, all_ids, meta)):
             if len(ids) > max_prompt_length:
                 if overlong_prompt == "error":
                     raise row_error(

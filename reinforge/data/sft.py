@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 from reinforge.data.collate import pad_right
 from reinforge.data.io import DataError, ItemsDataset, row_error
-from reinforge.data.text import check_messages, encode, render_prompt, response_text
+from reinforge.data.text import check_messages, encode, nonempty_ids, render_prompt, response_text
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
     import torch
@@ -52,8 +52,8 @@ class SFTDataset(ItemsDataset):
             raise ValueError(f"overlong must be one of {SFT_OVERLONG}, got {overlong!r}")
         rows = self._read(path, tokenizer, need_eos=True)
         pairs = [_prompt_and_response(row, tokenizer, self.path, i) for i, row in enumerate(rows)]
-        prompt_ids = encode(tokenizer, [p for p, _ in pairs])
-        response_ids = encode(tokenizer, [r for _, r in pairs])
+        prompt_ids = nonempty_ids(encode(tokenizer, [p for p, _ in pairs]), self.path, "prompt")
+        response_ids = nonempty_ids(encode(tokenizer, [r for _, r in pairs]), self.path, "response")
         eos = tokenizer.eos_token_id
         self.items, self.num_skipped = [], 0
         for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):

@@ -51,6 +51,17 @@ def response_text(value: Any, path: str, row: int, field: str) -> str:
     return value
 
 
+def nonempty_ids(ids: list[list[int]], path: str, field: str) -> list[list[int]]:
+    """`ids` (one list per row) unchanged; DataError naming the first row that encodes to no
+    tokens: a tokenizer whose vocabulary misses the text (or an empty fallback tokenizer)
+    would otherwise train on empty sequences."""
+    for row, row_ids in enumerate(ids):
+        if not row_ids:
+            raise row_error(path, row, field, "encodes to 0 tokens with this tokenizer "
+                                              "(does its vocabulary cover the text?)")
+    return ids
+
+
 def encode(tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of each text, without special tokens.
 

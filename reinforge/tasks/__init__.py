@@ -10,12 +10,14 @@ reward_model {"style": "rule", "ground_truth"}, extra_info {"split", "index"}.
 
 from __future__ import annotations
 
+import difflib
+import inspect
 import json
 import os
 import random
-from typing import Callable
+from typing import Any, Callable
 
-from reinforge.data.io import write_rows
+from reinforge.data.io import DataError, write_rows
 from reinforge.data.preprocess import rl_row
 from reinforge.tasks.arithmetic import make_arithmetic
 from reinforge.tasks.base import Example, Task
@@ -36,11 +38,34 @@ def build_char_tokenizer(save_dir: str | None = None):
     return build(save_dir)
 
 
+def _did_you_mean(word: str, valid) -> str:
+    close = difflib.get_close_matches(word, list(valid), n=1)
+    return f"did you mean '{close[0]}'? " if close else ""
+
+
+def task_options(name: str) -> dict[str, Any]:
+    """The options of task `name` with their defaults, e.g. {"digits": 2, "ops": "+"}."""
+    return {p.name: p.default for p in inspect.signature(TASKS[name]).parameters.values()}
+
+
 def get_task(name: str, **task_kwargs) -> Task:
-    """Build the task `name` with its options; unknown names list the valid ones."""
+    """Build the task `name` with its options. Unknown names and options, and values of the wrong
+    type or range, raise DataError listing what is valid."""
     if name not in TASKS:
-        raise ValueError(f"unknown task '{name}'; available: {', '.join(sorted(TASKS))}")
-    return TASKS[name](**task_kwargs)
+        raise DataError(f"unknown task '{name}'; {_did_you_mean(name, TASKS)}available: {', '.join(sorted(TASKS))}")
+    options = task_options(name)
+    listed = ", ".join(f"{k}={v!r}" for k, v in options.items())
+    for key, value in task_kwargs.items():
+        if key not in options:
+            raise DataError(f"task '{name}' has no option '{key}'; {_did_you_mean(key, options)}options: {listed}")
+        want = type(options[key])
+        if isinstance(value, bool) or not isinstance(value, (int, float) if want is float else want):
+            kind = {int: "an integer", float: "a number", str: "a string"}.get(want, want.__name__)
+            raise DataError(f"{name}: option {key}={value!r} must be {kind} (default {options[key]!r})")
+    try:
+        return TASKS[name](**task_kwargs)
+    except ValueError as exc:  # the task's own range checks
+        raise DataError(str(exc)) from None
 
 
 def _draw_unique(task: Task, rng: random.Random, n: int, exclude: set[str]) -> list[Example]:
@@ -70,9 +95,9 @@ def make_task_data(
     """
     task = get_task(name, **task_kwargs)
     if min(n_train, n_test, n_sft) < 0:
-        raise ValueError("n_train, n_test and n_sft must be >= 0")
+        raise DataError("n_train, n_test and n_sft must be >= 0")
     if task.size is not None and n_test + max(n_train, n_sft) > task.size:
-        raise ValueError(
+        raise DataError(
             f"{name} with {task.options} has only {task.size} distinct prompts; "
             f"n_test + max(n_train, n_sft) = {n_test + max(n_train, n_sft)} is too many"
         )
