@@ -147,7 +147,7 @@ def test_reward_function_errors_are_counted_then_fatal(tiny_model_dir, arith_dat
     row = [r for r in _metrics(tmp_path / "r") if r["step"] == 1][0]
     assert row["reward/errors"] > 0
     over = [o for o in over if not o.startswith("reward.max_error_rate")] + ["reward.max_error_rate=0.5"]
-    assert main(["train", "--config", "grpo", *over]) == 2
+    assert main(["train", "--config", "grpo", "--overwrite", *over]) == 2
     assert "boom" in capsys.readouterr().err
 
 

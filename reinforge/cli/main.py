@@ -61,9 +61,9 @@ def run_training(command: str, args) -> int:
             final = trainer.fit(resume=resume, overwrite=args.overwrite)
     except KeyboardInterrupt as e:
         signum = getattr(e, "signum", signal.SIGINT)
-        line = ["reinforge", command, *(["--config", args.config] if args.config else []), *args.overrides]
-        how = (f"at step {trainer.step_idx}; {resume_hint(cfg.trainer.run_dir, line, args.resume_from)}"
-               if trainer is not None else "while loading, before training; run the same command again")
+        line = ["reinforge", command, *(["--config", args.config] if args.config else [])]
+        hint = resume_hint(cfg.trainer.run_dir, line, args.overrides, args.resume_from) if trainer else ""
+        how = f"at step {trainer.step_idx}; {hint}" if trainer else "while loading; run the same command again"
         print(f"reinforge: stopped by {signal.Signals(signum).name} {how}", file=sys.stderr)
         return 128 + signum
     print_summary(final, cfg)

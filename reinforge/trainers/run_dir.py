@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from reinforge.config.load import ConfigError
-from reinforge.trainers.checkpoint import latest_checkpoint, list_checkpoints
+from reinforge.trainers.checkpoint import _remove_dir, latest_checkpoint, step_folders
 
 KEY = "trainer.run_dir"
 ARTEFACTS = ("checkpoints", "metrics.jsonl", "samples", "tensorboard", "hf", "report", "critic_pretrained", "wandb")
@@ -126,9 +126,9 @@ def rewind(run_dir: Path, step: int) -> int:
     samples = [p for p in (run_dir / "samples").glob("step_*.jsonl") if _sample_step(p) >= first_new]
     for p in samples:
         p.unlink()
-    later = [p for k, p in list_checkpoints(run_dir / "checkpoints") if k >= first_new]
-    for p in later:
-        shutil.rmtree(p)
+    later = [p for k, p in step_folders(run_dir / "checkpoints") if k >= first_new]
+    for p in later:  # else a kill before the next save would leave them for --resume to pick
+        _remove_dir(p, "rewind")
     if first_new == 0:
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
     if rows or samples or later:
@@ -137,12 +137,15 @@ def rewind(run_dir: Path, step: int) -> int:
     return first_new
 
 
-def resume_hint(run_dir: str | os.PathLike, command: list[str], resume_from: str | None = None) -> str:
-    """How to continue a stopped run: the command line `command` (without --resume/--overwrite)
-    plus --resume when run_dir has a checkpoint, else the original --resume-from, else --overwrite."""
+def resume_hint(run_dir: str | os.PathLike, command: list[str], overrides: list[str],
+                resume_from: str | None = None) -> str:
+    """How to continue a stopped run: `command` (`reinforge sft --config x`) with --resume when
+    run_dir has a checkpoint, else the original --resume-from, else --overwrite, then `overrides`
+    (last, so that more can be appended)."""
     ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
     if ckpt is not None:
-        return f"the last checkpoint is {ckpt}; resume with: {shlex.join([*command, '--resume'])}"
+        return f"the last checkpoint is {ckpt}; resume with: {shlex.join([*command, '--resume', *overrides])}"
     if resume_from:
-        return f"no checkpoint in {run_dir} yet; resume with: {shlex.join([*command, '--resume-from', resume_from])}"
-    return f"no checkpoint in {run_dir} yet; start again with: {shlex.join([*command, '--overwrite'])}"
+        line = shlex.join([*command, "--resume-from", resume_from, *overrides])
+        return f"no checkpoint in {run_dir} yet; resume with: {line}"
+    return f"no checkpoint in {run_dir} yet; start again with: {shlex.join([*command, '--overwrite', *overrides])}"
