@@ -11,6 +11,8 @@ weights, so their later gradients and losses are comparable as tightly as the fi
 """
 from __future__ import annotations
 
+import functools
+
 import torch
 
 # float32 rounding of a gradient summed in another order is ~1e-7 of its scale; 1e-5 leaves
@@ -32,6 +34,7 @@ def record_steps(opt, params, replay: list | None = None) -> list[list[torch.Ten
     seen: list[list[torch.Tensor]] = []
     step = opt.step
 
+    @functools.wraps(step)  # keeps the LR scheduler's mark on the step it wrapped (else it warns)
     def recording_step(*args, **kwargs):
         seen.append([_full(p.grad).detach().clone() for p in params])
         if replay is not None:
