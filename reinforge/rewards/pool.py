@@ -34,6 +34,9 @@ def _worker_main(conn, preload_specs: list[str], preload_modules: list[str]) -> 
             importlib.import_module(name)
         for spec in preload_specs:
             cache[spec] = load_reward_fn(spec)
+            warm_up = getattr(cache[spec], "warm_up", None)  # e.g. math_verify's first parse (~0.4 s)
+            if warm_up is not None:
+                warm_up()
         conn.send(("ready", None))
     except BaseException as exc:  # noqa: BLE001
         conn.send(("ready", f"{type(exc).__name__}: {exc}"))
@@ -89,7 +92,8 @@ class TimeoutPool:
     status is "ok" (value = the return value), "error" (value = "Type: message") or
     "timeout" (the worker ran past timeout_s and was killed). fn_ref is a picklable callable
     or a reward spec string that workers resolve (and cache) with load_reward_fn.
-    `preload_specs` / `preload_modules` are resolved / imported by each worker at start-up.
+    `preload_specs` / `preload_modules` are resolved / imported by each worker at start-up; a
+    resolved function's `warm_up` attribute, if any, is called then too.
     """
 
     def __init__(self, num_workers: int, timeout_s: float, *, preload_specs=(), preload_modules=(),

@@ -48,10 +48,13 @@ def evaluate_expression(text: str) -> tuple[Fraction, list[int]] | None:
 
 
 def parse_ground_truth(ground_truth) -> tuple[list[int], int]:
-    """(numbers, target) from a dict or its JSON string."""
-    gt = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
-    numbers, target = gt["numbers"], gt["target"]
-    return [int(n) for n in numbers], int(target)
+    """(numbers, target) from a dict or its JSON string; ValueError naming the shape otherwise."""
+    try:
+        gt = json.loads(ground_truth) if isinstance(ground_truth, str) else ground_truth
+        return [int(n) for n in gt["numbers"]], int(gt["target"])
+    except (ValueError, TypeError, KeyError, OverflowError) as exc:  # NaN / Infinity are valid JSON
+        raise ValueError('countdown ground truth must be {"numbers": [int, ...], "target": int} or its JSON, '
+                         f"got {str(ground_truth)[:80]!r}") from exc
 
 
 def score_countdown(prompt: str, response: str, ground_truth, **extra) -> float:
