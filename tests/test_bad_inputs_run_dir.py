@@ -202,3 +202,46 @@ def test_report_reads_null_metrics(tmp_path):
     assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["critic/score/mean"] != rows[1]["critic/score/mean"]
     assert "3 logged steps" in write_report(tmp_path).read_text()
     assert (tmp_path / "report" / "reward.png").exists()
+
+
+def _sft_trainer(model_dir: str, data: dict, run_dir: Path, **extra):
+    from reinforge.config.load import load_config
+    from reinforge.config.sft import SFTConfig
+    from reinforge.trainers.sft import SFTTrainer
+
+    return SFTTrainer(load_config(SFTConfig, None, sft_args(model_dir, data, run_dir, **extra)[1:]))
+
+
+def test_fit_from_python_refuses_then_overwrites(tiny_model_dir, arith_data, finished_run, tmp_path):
+    """The check the CLI makes before loading the model is fit()'s own too."""
+    from reinforge.config.load import ConfigError
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    before = snapshot(run)
+    trainer = _sft_trainer(tiny_model_dir, arith_data, run, **{"optim.total_steps": 1})
+    with pytest.raises(ConfigError, match="holds a previous run.*--overwrite"):
+        trainer.fit()
+    assert snapshot(run) == before
+    trainer.fit(overwrite=True)
+    assert steps(run) == [1]
+
+
+def test_signal_during_a_save_takes_effect_after_it(tiny_model_dir, arith_data, tmp_path):
+    """SIGTERM arriving while a checkpoint is written: the save completes, then the run stops."""
+    from reinforge.trainers.checkpoint import checkpoint_problem
+    from reinforge.trainers.loop import Terminated
+
+    trainer = _sft_trainer(tiny_model_dir, arith_data, tmp_path, **{"optim.total_steps": 3, "trainer.save_every": 1})
+    real_save, handler = trainer.save, signal.getsignal(signal.SIGTERM)
+
+    def save_hit_by_sigterm():
+        os.kill(os.getpid(), signal.SIGTERM)
+        return real_save()
+
+    trainer.save = save_hit_by_sigterm
+    with pytest.raises(Terminated):
+        trainer.fit()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_1"]
+    assert checkpoint_problem(tmp_path / "checkpoints" / "step_1") is None
+    assert signal.getsignal(signal.SIGTERM) is handler  # fit() put the old handler back
