@@ -6,7 +6,8 @@ killed again) to the end, and check what a crash must never cost:
   bit for bit (one reference run per trainer, reused by every trial);
 - every folder marked COMPLETE, at every moment after a kill, loads (weights, trainer state,
   config), and hf/, when present, loads;
-- metrics.jsonl has one row per step, in order (no duplicates, no gaps);
+- metrics.jsonl has one row per step, in order (no duplicates), equal to the uninterrupted
+  run's but for timings;
 - no temporaries or trash (`.tmp_*`, `.trash_*`, `*.tmp`) are left once a run has finished.
 
     python scripts/crash_campaign.py                  # 20 trials per trainer
@@ -38,10 +39,22 @@ import torch  # noqa: E402
 from safetensors.torch import load_file  # noqa: E402
 
 torch.set_num_threads(1)  # before any op: forked children must not inherit a started thread pool
-REPO = Path(__file__).resolve().parents[1]
-DIGIT_REWARD = f"{REPO / 'tests' / 'reward_fns.py'}:digit_fraction"
+# What every run imports (~5 s), once here rather than in each forked run.
+import pyarrow.parquet  # noqa: E402,F401
+import reinforge.cli.errors  # noqa: E402,F401
+from reinforge.cli.main import main as cli_main  # noqa: E402
+from reinforge.trainers import dpo, rl, rm, sft  # noqa: E402,F401
+# A graded reward (so GRPO's advantages are not all 0), marked bounded: scored in the trainer
+# process, with no reward worker process to start in every run.
+REWARD_PY = '''def digit_fraction(prompt, response, ground_truth, **extra):
+    return {"score": sum(c.isdigit() for c in response) / max(len(response), 1)}
+
+
+digit_fraction.bounded = True
+'''
 STEPS = 4
-SAVE_POINTS = ("save:written", "save:sealed", "save:trashed", "save:renamed")
+# (save:trashed, a save over an existing step_N, cannot happen in a run: resuming drops later steps.)
+SAVE_POINTS = ("save:written", "save:sealed", "save:renamed")
 PRUNE_POINTS = ("prune:trashed", "rewind:trashed")  # rewind: resuming drops later checkpoints
 EXPORT_POINTS = ("export:written", "export:trashed", "export:renamed")
 SCENARIOS = ("random", "save", "prune", "replace", "export", "reexport")
@@ -58,7 +71,8 @@ def trainer_argv(trainer: str, work: Path, run_dir: Path) -> list[str]:
         cmd = ["train", "--config", trainer]
         over = {"data.train_files": f"[{data / 'train.parquet'}]", "data.val_files": "[]",
                 "data.max_prompt_length": 8, "rollout.max_response_length": 6, "data.train_batch_size": 4,
-                "rollout.n": 4, "trainer.total_steps": STEPS, "reward.functions": f"[{{name: '{DIGIT_REWARD}'}}]",
+                "rollout.n": 4, "trainer.total_steps": STEPS,
+                "reward.functions": f"[{{name: '{work / 'reward.py'}:digit_fraction'}}]",
                 "actor.micro_batch_size": 8, "actor.lr": 1e-3, "critic.lr": 1e-3, "trainer.report": False}
     elif trainer == "sft":
         cmd = ["sft", "--config", "sft"]
@@ -118,19 +132,19 @@ def _phase(names: list[str], point: str | None) -> str:
 
 
 def run(argv: list[str], run_dir: Path, log: Path, kill: Kill | None = None) -> Outcome:
-    """Fork, run the CLI `argv` in the child (stdout/stderr to `log`) and kill it as `kill` says."""
+    """Fork, run the CLI `argv` in the child (stdout/stderr to `log`) and kill it as `kill` says.
+    The child leads a process group, killed whole (reward worker processes too) once it is dead."""
     pid = os.fork()
     if pid == 0:  # the child: never returns
         code = 1
         try:
+            os.setpgid(0, 0)
             fd = os.open(log, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
             os.dup2(fd, 1)
             os.dup2(fd, 2)
             if kill is not None and kill.point:
                 os.environ["REINFORGE_CRASH_AT"] = kill.point
-            from reinforge.cli.main import main
-
-            code = main(argv)
+            code = cli_main(argv)
         except BaseException:
             import traceback
 
@@ -139,10 +153,18 @@ def run(argv: list[str], run_dir: Path, log: Path, kill: Kill | None = None) -> 
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
+    try:
+        os.setpgid(pid, pid)  # also here: a kill may come before the child's own call
+    except OSError:
+        pass
     start, seen = time.monotonic(), None
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
+            try:
+                os.killpg(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
             if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
                 return Outcome(None, _phase(_leftover_names(run_dir), kill.point if kill else None))
             return Outcome(os.waitstatus_to_exitcode(status))
@@ -152,7 +174,7 @@ def run(argv: list[str], run_dir: Path, log: Path, kill: Kill | None = None) -> 
                 seen = time.monotonic()
             if seen is not None and time.monotonic() - seen >= kill.after:
                 phase = _phase(_leftover_names(run_dir), None)
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
                 return Outcome(None, phase)
         time.sleep(0.001)
@@ -202,11 +224,13 @@ def unloadable(run_dir: Path, models: list[str]) -> list[str]:
     return bad
 
 
-def metric_steps(run_dir: Path) -> list[int]:
+def metric_rows(run_dir: Path) -> list[dict]:
+    """metrics.jsonl without the timings (timing_s/*, perf/*), which no two runs share."""
     import json
 
     path = run_dir / "metrics.jsonl"
-    return [json.loads(line)["step"] for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/"))} for r in rows]
 
 
 def leftovers(run_dir: Path) -> list[str]:
@@ -223,14 +247,14 @@ class Tally:
     exact: int = 0
     unloadable: int = 0
     duplicates: int = 0
-    gaps: int = 0
+    mismatches: int = 0  # metric rows (timings aside) differ from the reference's otherwise
     leftovers: int = 0
     failed: int = 0  # runs that exited non-zero without being killed
     notes: list = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
-        return (self.exact == self.trials and not self.unloadable and not self.duplicates and not self.gaps
+        return (self.exact == self.trials and not self.unloadable and not self.duplicates and not self.mismatches
                 and not self.leftovers and not self.failed)
 
 
@@ -238,7 +262,7 @@ class Tally:
 class Reference:
     run_dir: Path
     seconds: float
-    steps: list[int]
+    rows: list[dict]
 
 
 def reference_run(trainer: str, work: Path) -> Reference:
@@ -248,7 +272,10 @@ def reference_run(trainer: str, work: Path) -> Reference:
     out = run(trainer_argv(trainer, work, run_dir), run_dir, work / f"ref_{trainer}.log")
     if out.rc != 0:
         sys.exit(f"reference run of {trainer} failed (exit {out.rc}); see {work / f'ref_{trainer}.log'}")
-    return Reference(run_dir, time.monotonic() - t0, metric_steps(run_dir))
+    seconds = time.monotonic() - t0
+    if same_weights(run_dir / "hf" / "model.safetensors", work / "model" / "model.safetensors"):
+        sys.exit(f"the reference run of {trainer} did not change the weights: bit-exact checks would prove nothing")
+    return Reference(run_dir, seconds, metric_rows(run_dir))
 
 
 def first_kill(scenario: str, rng: random.Random, ref: Reference, points: bool) -> Kill:
@@ -321,34 +348,34 @@ def trial(trainer: str, work: Path, ref: Reference, rng: random.Random, tally: T
         tally.notes.append(f"{scenario}: final state differs from the reference")
     bad = unloadable(run_dir, models)
     tally.unloadable += len(bad)
-    steps = metric_steps(run_dir)
+    rows = metric_rows(run_dir)
+    steps = [r["step"] for r in rows]
     if any(b <= a for a, b in zip(steps, steps[1:])):
         tally.duplicates += 1
         tally.notes.append(f"{scenario}: metric steps {steps}")
-    elif steps != ref.steps:
-        tally.gaps += 1
-        tally.notes.append(f"{scenario}: metric steps {steps}, reference {ref.steps}")
+    elif rows != ref.rows:
+        tally.mismatches += 1
+        tally.notes.append(f"{scenario}: metric rows differ from the reference's (steps {steps})")
     if left := leftovers(run_dir):
         tally.leftovers += 1
         tally.notes.append(f"{scenario}: leftovers {left}")
 
 
 def setup(work: Path) -> None:
-    """Tiny arithmetic data and a tiny model, made once per work folder."""
-    from reinforge.cli.main import main
-
+    """Tiny arithmetic data, a tiny model and the reward function, made once per work folder."""
+    (work / "reward.py").write_text(REWARD_PY)
     if not (work / "data" / "prefs.parquet").exists():
-        main(["data", "make", "arithmetic", "digits=1", "--out", str(work / "data"), "--n-train", "64",
-              "--n-test", "8", "--n-sft", "64"])
+        cli_main(["data", "make", "arithmetic", "digits=1", "--out", str(work / "data"), "--n-train", "64",
+                  "--n-test", "8", "--n-sft", "64"])
     if not (work / "model" / "config.json").exists():
-        main(["model", "--out", str(work / "model"), "--hidden", "64", "--layers", "2"])
+        cli_main(["model", "--out", str(work / "model"), "--hidden", "64", "--layers", "2"])
 
 
 def print_table(tallies: dict[str, Tally], seconds: dict[str, float]) -> None:
     cols = ["trainer", "trials", "kills", "in save", "in prune", "in export", "resumes", "bit-exact yes/no",
-            "unloadable COMPLETE", "duplicate metrics", "missing metrics", "leftovers", "failed runs", "seconds"]
+            "unloadable COMPLETE", "duplicate metrics", "other metric mismatch", "leftovers", "failed runs", "seconds"]
     rows = [[name, t.trials, t.kills, t.phases["save"], t.phases["prune"], t.phases["export"], t.resumes,
-             f"{t.exact}/{t.trials - t.exact}", t.unloadable, t.duplicates, t.gaps, t.leftovers, t.failed,
+             f"{t.exact}/{t.trials - t.exact}", t.unloadable, t.duplicates, t.mismatches, t.leftovers, t.failed,
              f"{seconds[name]:.0f}"] for name, t in tallies.items()]
     widths = [max(len(str(r[i])) for r in [cols] + rows) for i in range(len(cols))]
     for r in [cols] + rows:
