@@ -52,7 +52,8 @@ def set_rng_state(state: dict) -> None:
 
 def crash_point(name: str) -> None:
     """Test hook of scripts/crash_campaign.py: REINFORGE_CRASH_AT=<name> SIGKILLs this process at
-    that point of a save, prune or export (names below, e.g. `save:trashed`). Unset: one lookup."""
+    that point: save:written|sealed|trashed|renamed, export:written|trashed|renamed, and
+    <label>:trashed of _remove_dir (prune, rewind). Unset, it costs one environment lookup."""
     if os.environ.get("REINFORGE_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -119,7 +120,9 @@ def checkpoint_problem(path: str | os.PathLike) -> str | None:
         return "no COMPLETE marker"
     except ValueError:
         return "unreadable COMPLETE marker"
-    files = marker["files"] if isinstance(marker, dict) else {"trainer_state.pt": None}  # None: non-empty
+    files = marker.get("files") if isinstance(marker, dict) else {"trainer_state.pt": None}  # None: non-empty
+    if not isinstance(files, dict):
+        return "COMPLETE marker without a manifest"
     for name, size in files.items():
         f = path / name
         if not f.is_file():
