@@ -36,14 +36,15 @@ def _raise_terminated(signum, frame):
 
 @contextmanager
 def _signals(handler):
-    """Install `handler` ({signal: function}) inside the block, then restore SIGINT's and
-    SIGTERM's handlers; a no-op off the main thread, where Python cannot handle signals."""
+    """Install `handler` ({signal: function}) inside the block and put the old ones back after it.
+    A no-op off the main thread, where Python cannot handle signals, and for a signal whose
+    handler was set outside Python (getsignal None), which could not be put back."""
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    old = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
-    for s, h in handler.items():
-        signal.signal(s, h)
+    old = {s: h for s in handler if (h := signal.getsignal(s)) is not None}
+    for s in old:
+        signal.signal(s, handler[s])
     try:
         yield
     finally:

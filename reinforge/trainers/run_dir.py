@@ -91,10 +91,12 @@ def clear_previous_run(run_dir: Path) -> list[str]:
 
 def _cut_metrics(path: Path, first_new: int) -> int:
     """Drop metrics.jsonl rows with step >= first_new (and a line torn by a kill); the new file
-    replaces the old one in one rename. Returns how many lines went."""
+    replaces the old one in one rename (also when only the last newline is missing, which the
+    next row appended would run into). Returns how many lines went."""
     if not path.exists():
         return 0
-    lines = [x for x in path.read_text().splitlines() if x.strip()]
+    text = path.read_text()
+    lines = [x for x in text.splitlines() if x.strip()]
     kept = []
     for line in lines:
         try:
@@ -102,7 +104,7 @@ def _cut_metrics(path: Path, first_new: int) -> int:
                 kept.append(line)
         except (ValueError, KeyError, TypeError):
             pass
-    if len(kept) < len(lines):
+    if len(kept) < len(lines) or (text and not text.endswith("\n")):
         tmp = path.with_name(path.name + ".tmp")
         tmp.write_text("".join(x + "\n" for x in kept))
         os.replace(tmp, path)
