@@ -280,15 +280,18 @@ def reference_run(trainer: str, work: Path) -> Reference:
 
 def first_kill(scenario: str, rng: random.Random, ref: Reference, points: bool) -> Kill:
     """The kill of a trial's first interrupted run (for replace/reexport: of the second run)."""
+    export = (".tmp_hf", ".trash_hf", "hf.tmp")  # hf.tmp: the export's temporary before this protocol
     hidden = {"save": (".tmp_step",), "prune": (".trash_step",), "replace": (".tmp_step", ".trash_step"),
-              "export": (".tmp_hf", ".trash_hf"), "reexport": (".tmp_hf", ".trash_hf")}
+              "export": export, "reexport": export}
     named = {"save": SAVE_POINTS, "prune": PRUNE_POINTS[:1], "replace": SAVE_POINTS + PRUNE_POINTS,
              "export": EXPORT_POINTS, "reexport": EXPORT_POINTS}
     if scenario == "random":
         return Kill(after=rng.uniform(0, ref.seconds))
     if points and rng.random() < 0.5:
         return Kill(point=rng.choice(named[scenario]))
-    return Kill(after=rng.uniform(0, 0.03), watch=hidden[scenario], not_before=rng.uniform(0, ref.seconds))
+    # A random one of a fresh run's saves and prunes: watching starts at a random moment.
+    not_before = rng.uniform(0, 0.7 * ref.seconds) if scenario in ("save", "prune") else 0.0
+    return Kill(after=rng.uniform(0, 0.03), watch=hidden[scenario], not_before=not_before)
 
 
 def trial(trainer: str, work: Path, ref: Reference, rng: random.Random, tally: Tally, points: bool,
