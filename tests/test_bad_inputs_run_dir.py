@@ -71,31 +71,39 @@ def test_what_counts_as_a_previous_run(tmp_path, files, expected):
     assert previous_run(tmp_path) == expected
 
 
-def _blocked_by_file(tmp: Path, run: Path) -> tuple[Path, list[str], list[str]]:
+# Each case: (tmp folder, a copy of finished_run) -> run_dir, extra flags, texts the error names,
+# and what the test must hold on to while the CLI runs (a lock), if anything.
+def _blocked_by_file(tmp: Path, run: Path):
     (tmp / "afile").write_text("x")
-    return tmp / "afile" / "run", [], ["trainer.run_dir", str(tmp / "afile"), "is a file"]
+    return tmp / "afile" / "run", [], ["trainer.run_dir", str(tmp / "afile"), "is a file"], None
 
 
-def _read_only(tmp: Path, run: Path) -> tuple[Path, list[str], list[str]]:
+def _read_only(tmp: Path, run: Path):
     if os.geteuid() == 0:
         pytest.skip("root may write to a read-only folder")
     (tmp / "ro").mkdir(mode=0o500)
-    return tmp / "ro" / "run", [], ["trainer.run_dir", str(tmp / "ro" / "run"), "Permission denied"]
+    return tmp / "ro" / "run", [], ["trainer.run_dir", str(tmp / "ro" / "run"), "Permission denied"], None
 
 
-def _previous_run(tmp: Path, run: Path) -> tuple[Path, list[str], list[str]]:
-    return run, [], ["trainer.run_dir", str(run), "previous run", "--resume", "--overwrite"]
+def _previous_run(tmp: Path, run: Path):
+    return run, [], ["trainer.run_dir", str(run), "previous run", "--resume", "--overwrite"], None
 
 
-def _both_flags(tmp: Path, run: Path) -> tuple[Path, list[str], list[str]]:
-    return run, ["--resume", "--overwrite"], ["--overwrite", "--resume", "exclude each other"]
+def _both_flags(tmp: Path, run: Path):
+    return run, ["--resume", "--overwrite"], ["--overwrite", "--resume", "exclude each other"], None
 
 
-@pytest.mark.parametrize("case", [_blocked_by_file, _read_only, _previous_run, _both_flags])
+def _in_use(tmp: Path, run: Path):
+    from reinforge.trainers.checkpoint import lock_run_dir
+
+    return run, ["--resume"], ["trainer.run_dir", str(run), "in use by another running process"], lock_run_dir(run)
+
+
+@pytest.mark.parametrize("case", [_blocked_by_file, _read_only, _previous_run, _both_flags, _in_use])
 def test_refusals_leave_the_run_dir_untouched(tiny_model_dir, arith_data, finished_run, tmp_path, case):
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
-    run_dir, flags, named = case(tmp_path, run)
+    run_dir, flags, named, held = case(tmp_path, run)
     before = snapshot(tmp_path)
     r = run_cli([*sft_args(tiny_model_dir, arith_data, run_dir, **{"optim.total_steps": 3}), *flags])
     assert r.returncode == 2, r.stderr
@@ -103,6 +111,8 @@ def test_refusals_leave_the_run_dir_untouched(tiny_model_dir, arith_data, finish
     for text in named:
         assert text in r.stderr, (text, r.stderr)
     assert snapshot(tmp_path) == before
+    if held is not None:
+        held.close()
 
 
 def test_overwrite_replaces_the_previous_run(tiny_model_dir, arith_data, finished_run, tmp_path):

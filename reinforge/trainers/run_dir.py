@@ -62,11 +62,32 @@ def previous_run(run_dir: str | os.PathLike) -> list[str]:
     return [name for name in ARTEFACTS if (root / name).exists() and _non_empty(root / name)]
 
 
+def in_use(run_dir: str | os.PathLike) -> bool:
+    """Whether a live process holds run_dir/.lock (checkpoint.lock_run_dir); probed without
+    creating or truncating the file."""
+    import fcntl
+
+    try:
+        f = open(Path(run_dir) / ".lock")
+    except OSError:
+        return False
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        fcntl.flock(f, fcntl.LOCK_UN)
+    return False
+
+
 def check_reuse(run_dir: str | os.PathLike, resume: bool, overwrite: bool) -> None:
-    """Refuse (ConfigError) a new run into a folder that holds a previous one unless it resumes or
-    overwrites, and a run asked to do both. Reads only: a refused run leaves the folder as it was."""
+    """Refuse (ConfigError) a run asked to both resume and overwrite, a run into a folder another
+    live run is writing, and a new run into a folder that holds a previous one unless it resumes
+    or overwrites. Reads only: a refused run leaves the folder as it was."""
     if resume and overwrite:
         raise ConfigError("--overwrite and --resume / --resume-from exclude each other: pick one")
+    if in_use(run_dir):
+        raise ConfigError(f"{KEY}={str(run_dir)!r} is in use by another running process")
     found = previous_run(run_dir)
     if found and not (resume or overwrite):
         raise ConfigError(f"{KEY}={str(run_dir)!r} holds a previous run ({', '.join(found)}); add --resume to "
