@@ -93,6 +93,8 @@ def _check_keys(schema, data: dict, prefix: str = "") -> None:
             raise ConfigError(f"unknown config key {dotted!r}{hint}")
         ftype = valid[key].default_factory if valid[key].default_factory is not MISSING else None  # type: ignore[misc]
         sub = ftype() if callable(ftype) else None
+        if isinstance(sub, list) and not isinstance(value, list):
+            raise ConfigError(f"config key {dotted!r} is a list; give [{value}], not {value!r}")
         if is_dataclass(sub):
             if not isinstance(value, dict):
                 raise ConfigError(f"config key {dotted!r} is a section; give it a mapping, not {value!r}")

@@ -18,6 +18,9 @@ from reinforge.config.schema import RLConfig
 from reinforge.data.rl_dataset import OVERLONG_POLICIES
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
+MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
+ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
+LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
 
 
 def need(cond: bool, msg: str) -> None:
@@ -44,6 +47,17 @@ def check_adamw(o: AdamWConfig, section: str) -> None:
     need(len(o.betas) == 2, f"{section}.betas={list(o.betas)} must be two numbers [beta1, beta2]")
 
 
+def check_model_and_run(model, run) -> None:
+    """The model and run sections every trainer shares: names checked here, not when the model
+    loads or the first metric is logged."""
+    check_choice(model.dtype, MODEL_DTYPES, "model.dtype")
+    check_choice(model.attn_implementation, ATTN_IMPLEMENTATIONS, "model.attn_implementation")
+    need(model.lora_rank == 0 or bool(model.lora_target_modules),
+         "model.lora_target_modules is empty: name the modules that get adapters, or [all-linear]")
+    unknown = [x for x in run.loggers if x not in LOGGERS]
+    need(not unknown, f"trainer.loggers: unknown {unknown}; valid: {', '.join(LOGGERS)}")
+
+
 def resolve_device(device: str) -> str:
     import torch
 
@@ -58,7 +72,11 @@ def model_max_positions(model_path: str) -> int | None:
     cfg = Path(model_path) / "config.json"
     if not cfg.exists():
         return None
-    return json.loads(cfg.read_text()).get("max_position_embeddings")
+    try:
+        data = json.loads(cfg.read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise ConfigError(f"{cfg}: not valid JSON ({exc})") from None
+    return data.get("max_position_embeddings") if isinstance(data, dict) else None
 
 
 def check_model_path(path: str, key: str) -> None:
@@ -120,6 +138,7 @@ def validate_supervised(cfg, num_train_examples: Optional[int] = None) -> None:
     micro_batch_size and (once the data size is known) total_steps."""
     d, o = cfg.data, cfg.optim
     check_adamw(o, "optim")
+    check_model_and_run(cfg.model, cfg.trainer)
     need(o.total_steps > 0 or o.epochs > 0, "set optim.total_steps > 0 or optim.epochs > 0")
     cfg.derived["device"] = resolve_device(cfg.trainer.device)
     cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
@@ -158,6 +177,7 @@ def validate(cfg: RLConfig) -> RLConfig:
          f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be in [0, rollout.max_response_length="
          f"{r.max_response_length})")
     check_adamw(act, "actor")
+    check_model_and_run(cfg.model, cfg.trainer)
     max_pos = model_max_positions(cfg.model.path)
     total = cfg.data.max_prompt_length + r.max_response_length
     need(max_pos is None or total <= max_pos,

@@ -41,6 +41,16 @@ def row_error(path: str, row: int, field: str, message: str) -> DataError:
     return DataError(f"{os.path.basename(path)}: row {row}: field '{field}': {message}")
 
 
+def require_columns(rows: list[dict], path: str, needed: tuple[str, ...], fix: str) -> None:
+    """DataError when no row of the file has one of the `needed` columns: one message naming
+    the file, the missing column and the columns there are, instead of "row 0: missing"."""
+    columns = sorted({k for row in rows for k in row})
+    missing = [c for c in needed if c not in columns]
+    if missing:
+        named = ("column " if len(missing) == 1 else "columns ") + ", ".join(map(repr, missing))
+        raise DataError(f"{os.path.basename(path)}: no {named} (columns: {', '.join(columns)}); {fix}")
+
+
 def load_rows(path: str, *, nonempty: bool = False) -> list[dict[str, Any]]:
     """All rows of a .parquet, .jsonl or .json file as plain dicts (nested values as lists/dicts).
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from typing import TYPE_CHECKING
 
-from reinforge.data.io import DataError, ItemsDataset, row_error
+from reinforge.data.io import DataError, ItemsDataset, require_columns, row_error
 from reinforge.data.sft import collate_sft
 from reinforge.data.text import encode, nonempty_ids, render_prompt, response_text
 
@@ -28,6 +28,8 @@ class PreferenceDataset(ItemsDataset):
         if overlong not in PREF_OVERLONG:
             raise ValueError(f"overlong must be one of {PREF_OVERLONG}, got {overlong!r}")
         rows = self._read(path, tokenizer, need_eos=True)
+        require_columns(rows, self.path, ("prompt", "chosen", "rejected"),
+                        "a preference file has prompt, chosen and rejected columns")
         prompts, chosen, rejected = [], [], []
         for i, row in enumerate(rows):
             prompts.append(render_prompt(row.get("prompt"), tokenizer, self.path, i, "prompt"))

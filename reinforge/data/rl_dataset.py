@@ -5,11 +5,14 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from reinforge.data.io import DataError, ItemsDataset, row_error
+from reinforge.data.io import DataError, ItemsDataset, require_columns, row_error
 from reinforge.data.text import encode, nonempty_ids, render_prompt
 
 GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution")  # TRL-style, tried in this order
 OVERLONG_POLICIES = ("error", "skip", "truncate_left")
+# A reward function is called fn(prompt, response, ground_truth, **extra): columns with these
+# names (an SFT file's "response") must not reach it as extras, or every call fails.
+REWARD_ARGS = ("prompt", "response", "ground_truth")
 
 
 def _ground_truth(row: dict, path: str, i: int, required: bool) -> tuple[Any, str | None]:
@@ -33,7 +36,8 @@ class RLDataset(ItemsDataset):
     Items: {"prompt_text": str, "prompt_ids": list[int] (P_i,), "ground_truth": Any,
     "data_source": str, "extra": dict, "index": int (row in the file)}.
     `extra` holds every other column (veRL's `extra_info`, `ability`, ...) plus `data_source`,
-    and is passed to reward functions as keyword arguments.
+    and is passed to reward functions as keyword arguments (columns named like their positional
+    arguments, REWARD_ARGS, are left out).
     Overlong prompts (> max_prompt_length tokens): "error" raises, "skip" drops and counts them
     in `num_skipped`, "truncate_left" keeps the last max_prompt_length tokens (the end of a
     prompt, next to where the answer starts, matters most).
@@ -52,6 +56,7 @@ class RLDataset(ItemsDataset):
         if overlong_prompt not in OVERLONG_POLICIES:
             raise ValueError(f"overlong_prompt must be one of {OVERLONG_POLICIES}, got {overlong_prompt!r}")
         rows = self._read(path)
+        require_columns(rows, self.path, (prompt_key,), "set data.prompt_key to the prompt column")
         default_source = os.path.splitext(os.path.basename(self.path))[0]
         # Validate every row before tokenizing anything, so a bad row 90,000 fails in seconds.
         texts, meta = [], []
@@ -61,7 +66,7 @@ class RLDataset(ItemsDataset):
             source = row.get("data_source")
             if source is not None and not isinstance(source, str):
                 raise row_error(self.path, i, "data_source", f"expected a string, got {type(source).__name__}")
-            skip = {prompt_key, "reward_model", gt_col}
+            skip = {prompt_key, "reward_model", gt_col, *REWARD_ARGS}
             extra = {k: v for k, v in row.items() if k not in skip}
             extra["data_source"] = source or default_source
             meta.append((gt, extra))

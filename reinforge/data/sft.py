@@ -6,7 +6,7 @@ import os
 from typing import TYPE_CHECKING
 
 from reinforge.data.collate import pad_right
-from reinforge.data.io import DataError, ItemsDataset, row_error
+from reinforge.data.io import DataError, ItemsDataset, require_columns, row_error
 from reinforge.data.text import check_messages, encode, nonempty_ids, render_prompt, response_text
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
@@ -51,6 +51,9 @@ class SFTDataset(ItemsDataset):
         if overlong not in SFT_OVERLONG:
             raise ValueError(f"overlong must be one of {SFT_OVERLONG}, got {overlong!r}")
         rows = self._read(path, tokenizer, need_eos=True)
+        if not any("messages" in row for row in rows):
+            require_columns(rows, self.path, ("prompt", "response"),
+                            "an SFT file has prompt and response columns, or messages")
         pairs = [_prompt_and_response(row, tokenizer, self.path, i) for i, row in enumerate(rows)]
         prompt_ids = nonempty_ids(encode(tokenizer, [p for p, _ in pairs]), self.path, "prompt")
         response_ids = nonempty_ids(encode(tokenizer, [r for _, r in pairs]), self.path, "response")

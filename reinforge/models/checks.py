@@ -87,6 +87,27 @@ def corrupt_weight_file(folder: str | os.PathLike) -> Optional[tuple[Path, str]]
     return None
 
 
+def weight_names(folder: str | os.PathLike) -> Optional[set[str]]:
+    """Names of the tensors in `folder`'s safetensors weights, read from the headers only;
+    None when the weights are not safetensors (a pickled .bin cannot be read without loading)."""
+    files = weight_files(folder)
+    if any(f.suffix != ".safetensors" for f in files):
+        return None
+    names: set[str] = set()
+    for f in files:
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            names |= set(json.loads(fh.read(n))) - {"__metadata__"}
+    return names
+
+
+def missing_modules(names: set[str], targets: list[str]) -> list[str]:
+    """The entries of `targets` that name no module holding a weight in `names`. A target
+    matches a module whose dotted path is it or ends with "." + it (PEFT's rule)."""
+    modules = {name.rsplit(".", 1)[0] for name in names}
+    return [t for t in targets if not any(m == t or m.endswith("." + t) for m in modules)]
+
+
 def check_model_files(folder: str | os.PathLike, key: str) -> None:
     """`folder` (config key `key`) has a config.json object and sound weight files."""
     folder = Path(folder)

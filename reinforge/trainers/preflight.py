@@ -6,13 +6,14 @@ the same one-line errors. A failure leaves the run directory untouched.
    batch sizes, data files exist; fills cfg.derived);
 2. the model folders' files: config.json, safetensors headers against file sizes, tokenizer
    files (reinforge.models.checks; reads files only);
-3. the reward functions: each imported, checked callable with the reward-function signature.
+3. the reward functions: each imported, checked callable with the reward-function signature;
+4. RL with LoRA: every model.lora_target_modules entry names modules of the weights (headers).
 """
 from __future__ import annotations
 
 from reinforge.config.load import ConfigError
 from reinforge.config.validate import check_model_path
-from reinforge.models.checks import check_model_files, check_tokenizer_files
+from reinforge.models.checks import check_model_files, check_tokenizer_files, missing_modules, weight_names
 
 
 def _validate(cfg) -> None:
@@ -61,6 +62,20 @@ def check_reward_function(spec: str, key: str) -> None:
         raise ConfigError(f"{key}: {exc}") from None
 
 
+def check_lora_targets(cfg) -> None:
+    """RL with LoRA: each target module exists in model.path (read from the safetensors
+    headers), so a typo fails here rather than in PEFT after the model has loaded."""
+    m = cfg.model
+    if not hasattr(cfg, "actor") or m.lora_rank == 0 or list(m.lora_target_modules) == ["all-linear"]:
+        return
+    names = weight_names(m.path)
+    missing = missing_modules(names, list(m.lora_target_modules)) if names is not None else []
+    if missing:
+        modules = sorted({n.rsplit(".", 2)[-2] for n in names if n.count(".") >= 2})
+        raise ConfigError(f"model.lora_target_modules: {missing} match no module of model.path={m.path!r}; "
+                          f"its modules: {', '.join(modules)} (or use [all-linear])")
+
+
 def preflight(cfg):
     """Check `cfg` (RL, SFT, DPO or RM) and every file it names without building a model;
     raises ConfigError, DataError or ModelLoadError. Returns the same (validated) config."""
@@ -80,4 +95,5 @@ def preflight(cfg):
         check_tokenizer_files(rm_path, "reward.reward_model_path")
     for key, spec in reward_functions(cfg):
         check_reward_function(spec, key)
+    check_lora_targets(cfg)
     return cfg
