@@ -94,12 +94,15 @@ def model_files(trainer: str) -> list[str]:
 @dataclass
 class Kill:
     """When to SIGKILL a run: `after` seconds from its start; or `after` seconds once a folder
-    whose name starts with one of `watch` appears, looked for from `not_before` seconds on; or
-    at crash point `point` (in the child)."""
+    whose name starts with one of `watch` appears (with `gone`: has appeared and gone again),
+    looked for from `not_before` seconds on; or at crash point `point` (in the child). `phase`
+    names where a kill lands when the folders present at that moment do not tell."""
     after: float = 0.0
     watch: tuple[str, ...] = ()
+    gone: bool = False
     not_before: float = 0.0
     point: str | None = None
+    phase: str = "other"
 
 
 @dataclass
@@ -157,7 +160,7 @@ def run(argv: list[str], run_dir: Path, log: Path, kill: Kill | None = None) -> 
         os.setpgid(pid, pid)  # also here: a kill may come before the child's own call
     except OSError:
         pass
-    start, seen = time.monotonic(), None
+    start, armed, appeared = time.monotonic(), None, False
     while True:
         done, status = os.waitpid(pid, os.WNOHANG)
         if done:
@@ -169,14 +172,16 @@ def run(argv: list[str], run_dir: Path, log: Path, kill: Kill | None = None) -> 
                 return Outcome(None, _phase(_leftover_names(run_dir), kill.point if kill else None))
             return Outcome(os.waitstatus_to_exitcode(status))
         if kill is not None and kill.point is None:
-            if seen is None and time.monotonic() - start >= kill.not_before and (
-                    not kill.watch or any(n.startswith(kill.watch) for n in _leftover_names(run_dir))):
-                seen = time.monotonic()
-            if seen is not None and time.monotonic() - seen >= kill.after:
+            if armed is None and time.monotonic() - start >= kill.not_before:
+                present = any(n.startswith(kill.watch) for n in _leftover_names(run_dir)) if kill.watch else True
+                appeared = appeared or present
+                if (appeared and not present) if kill.gone else present:
+                    armed = time.monotonic()
+            if armed is not None and time.monotonic() - armed >= kill.after:
                 phase = _phase(_leftover_names(run_dir), None)
                 os.killpg(pid, signal.SIGKILL)
                 os.waitpid(pid, 0)
-                return Outcome(None, phase)
+                return Outcome(None, kill.phase if phase == "other" else phase)
         time.sleep(0.001)
 
 
@@ -291,6 +296,9 @@ def first_kill(scenario: str, rng: random.Random, ref: Reference, points: bool) 
         return Kill(point=rng.choice(named[scenario]))
     # A random one of a fresh run's saves and prunes: watching starts at a random moment.
     not_before = rng.uniform(0, 0.7 * ref.seconds) if scenario in ("save", "prune") else 0.0
+    if scenario == "prune" and rng.random() < 0.5:  # a prune follows a save's rename at once
+        return Kill(after=rng.uniform(0, 0.002), watch=(".tmp_step",), gone=True, not_before=not_before,
+                    phase="prune")
     return Kill(after=rng.uniform(0, 0.03), watch=hidden[scenario], not_before=not_before)
 
 
