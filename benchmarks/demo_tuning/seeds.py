@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import shutil
 import time
 from pathlib import Path
 
@@ -38,11 +37,9 @@ def main() -> None:
     t0 = time.perf_counter()
     paths, _ = make_inputs(base_dir, False, args.seed)
     if not (base_dir / "sft" / "hf" / "config.json").exists():
-        shutil.rmtree(base_dir / "sft", ignore_errors=True)
         run_sft(base_dir, paths, args.seed, ["trainer.progress=false", *args.sft])
     sft_s = time.perf_counter() - t0
     out = Path(args.root) / f"rl_{args.name}_s{args.seed}"
-    shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
     run_rl(out, base_dir / "sft" / "hf", paths, args.seed,
            ["trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.report=false", *args.overrides])

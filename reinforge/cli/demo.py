@@ -11,20 +11,18 @@ and after its last. `--quick` runs a handful of steps of each stage (the CI chec
 
 `--seed K` changes everything random (stage_seeds): the task data (which prompts are SFT, RL and
 held-out test prompts), the model's init, and the SFT and RL runs' seeds (example order, prompt
-order, sampling). Seed 0 is `make demo`. Each run replaces the demo's own stage folders in its
-out dir (data, model, sft, grpo), so `make demo` can be repeated.
+order, sampling). Seed 0 is `make demo`. Each run replaces the previous demo run in its out dir
+(files rewritten, trainers' fit(overwrite=True)), so `make demo` can be repeated.
 """
 from __future__ import annotations
 
 import json
-import shutil
 import time
 from pathlib import Path
 
 # The built-in task and tiny model of the demo (not a config preset: no trainer reads these keys).
 DEMO_TASK = {"task": "arithmetic", "options": {"digits": 2, "ops": "+"}, "n_train": 4000, "n_test": 200,
              "n_sft": 2000}
-STAGES = ("data", "model", "sft", "grpo")  # the folders a demo run writes under its out dir
 
 # A few steps of each stage: the pipeline end to end in well under a minute.
 QUICK_SFT = ["optim.total_steps=5", "optim.warmup_steps=0"]
@@ -68,7 +66,7 @@ def run_sft(out: Path, paths: dict, seed: int, extra: list[str]) -> Path:
     overrides = [f"model.path={out / 'model'}", f"data.train_files=[{paths['sft']}]", f"trainer.run_dir={out / 'sft'}",
                  *trainer_seeds(seed)]
     cfg = load_config(SFTConfig, "demo_sft", overrides + extra)
-    SFTTrainer(cfg).fit()  # fit() writes out/sft/config.yaml
+    SFTTrainer(cfg).fit(overwrite=True)  # replaces a previous demo's SFT run; writes out/sft/config.yaml
     return out / "sft" / "hf"
 
 
@@ -83,7 +81,7 @@ def run_rl(out: Path, base: Path, paths: dict, seed: int, extra: list[str]) -> t
     overrides = [f"model.path={base}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['test']}]",
                  f"trainer.run_dir={run_dir}", *trainer_seeds(seed)]
     cfg = load_config(RLConfig, "demo_grpo", overrides + extra)
-    final = RLTrainer(cfg).fit()  # fit() writes run_dir/config.yaml
+    final = RLTrainer(cfg).fit(overwrite=True)  # replaces a previous demo's RL run; writes run_dir/config.yaml
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     before = next(r for r in rows if r["step"] == 0)
     return before, final
@@ -131,8 +129,6 @@ def _threads() -> int:
 
 def run_demo(args, threads: int) -> int:
     out = Path(args.out or ("runs/demo" if args.seed == 0 else f"runs/demo_seed{args.seed}"))
-    for stage in STAGES:  # a previous demo's checkpoints and metrics would mix with this run's
-        shutil.rmtree(out / stage, ignore_errors=True)
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
     t_all = t = time.perf_counter()
