@@ -33,7 +33,7 @@ def test_k3_clamps():
     # log(pi_ref/pi) = -100 and 100 are clamped to -/+20, then k3 (19 and e^20 - 21) to 10; -1 is
     # in range: e^-1 + 1 - 1.
     assert torch.equal(out[:2].detach(), torch.tensor([10.0, 10.0]))
-    assert out[2].item() == pytest.approx(math.exp(-1.0), abs=1e-7)
+    assert out[2].item() == pytest.approx(math.exp(-1.0), abs=1e-6)  # float32: 1 + e^-1 rounds by up to 6e-8
     # The forward value would be the same without the log-ratio clamp (the result clamp hides
     # exp(100) = inf), but the backward would not: d/dx exp(x) = inf times the result clamp's
     # zero gradient is NaN. With the clamps the saturated tokens get a zero gradient, and the
