@@ -161,6 +161,9 @@ class RLTrainer(TrainingLoop):
 
     def close(self) -> None:
         self.reward.close()
+        group = getattr(self.actor, "group", None)  # trainer.backend=ray: stop the ranks now, not at exit
+        if group is not None:
+            group.shutdown()
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _models(self) -> dict:
