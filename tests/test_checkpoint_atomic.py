@@ -228,3 +228,13 @@ def test_real_sigkill_between_the_renames_of_a_save(tmp_path):
     assert ck.latest_checkpoint(root) == root / "step_1"
     ck.clean_leftovers(root.parent)
     assert [p.name for p in root.iterdir()] == ["step_1"] and load(root / "step_1") == 1.0
+
+
+def test_crash_campaign_runs_clean(tmp_path):
+    """scripts/crash_campaign.py end to end, two trials of SFT: it exits 0 only if every check held."""
+    script = Path(__file__).parents[1] / "scripts" / "crash_campaign.py"
+    proc = subprocess.run([sys.executable, str(script), "--n", "2", "--trainers", "sft", "--seed", "3",
+                           "--work", str(tmp_path)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    header, row = proc.stdout.splitlines()[-2:]
+    assert header.split()[:2] == ["trainer", "trials"] and row.split()[:2] == ["sft", "2"]
