@@ -24,6 +24,7 @@ once (no interpreter start per run), with one intra-op thread. Exit status 1 if 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import random
 import shutil
@@ -57,6 +58,9 @@ STEPS = 4
 SAVE_POINTS = ("save:written", "save:sealed", "save:renamed")
 PRUNE_POINTS = ("prune:trashed", "rewind:trashed")  # rewind: resuming drops later checkpoints
 EXPORT_POINTS = ("export:written", "export:trashed", "export:renamed")
+# What a trial's first kill aims at: any moment; a save; a prune; a run resumed from its first
+# kept step (`--resume-from`: rewind drops the later step, the save writes it again); the first
+# export; a finished run re-exporting (`--resume` after the end: hf/ is replaced).
 SCENARIOS = ("random", "save", "prune", "replace", "export", "reexport")
 
 
@@ -231,8 +235,6 @@ def unloadable(run_dir: Path, models: list[str]) -> list[str]:
 
 def metric_rows(run_dir: Path) -> list[dict]:
     """metrics.jsonl without the timings (timing_s/*, perf/*), which no two runs share."""
-    import json
-
     path = run_dir / "metrics.jsonl"
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
     return [{k: v for k, v in r.items() if not k.startswith(("timing_s/", "perf/"))} for r in rows]
