@@ -177,7 +177,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     from reinforge.cli.errors import USER_ERRORS
 
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    listed = getattr(args, "overrides", getattr(args, "options", None))
+    if extra and listed is not None and all("=" in e and not e.startswith("-") for e in extra):
+        listed.extend(extra)  # key=value after a flag: argparse fills a positional list only once
+    elif extra:
+        parser.error(f"unrecognized arguments: {' '.join(extra)}")
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()  # reinforge shows its own progress
