@@ -74,9 +74,9 @@ def test_vapo_value_pretraining_freezes_policy_and_fits_values(tiny_model_dir, a
         update = trainer.critic.update
         trainer.critic.update = lambda batch: (batches.append(batch), update(batch))[1]
 
-    trainer, before, rows = _run("vapo", tiny_model_dir, arith_data, tmp_path, before_fit=watch,
-                                 **{"algorithm.value_pretrain_steps": 4, "trainer.total_steps": 4,
-                                    "critic.lr": 3e-3, "critic.ppo_epochs": 2})
+    trainer, before, _ = _run("vapo", tiny_model_dir, arith_data, tmp_path, before_fit=watch,
+                              **{"algorithm.value_pretrain_steps": 4, "trainer.total_steps": 4,
+                                 "critic.lr": 3e-3, "critic.ppo_epochs": 2})
     assert not _changed(trainer, before), "value pretraining must not touch the policy"
     assert len(batches) == 4 and (tmp_path / "critic_pretrained" / "config.json").exists()
     # A following run starts its critic from the pretrained one, head included.
