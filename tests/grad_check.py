@@ -63,8 +63,3 @@ def assert_same_steps(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]], 
         gap = grad_gap(ga, gb)
         assert gap <= rtol, f"step {i}: max |g_a - g_b| / max |g_a| = {gap:.2e} > {rtol:.0e}"
 
-
-def assert_close_rel(a: float, b: float, rtol: float, floor: float = 0.0, what: str = "") -> None:
-    """|a - b| <= rtol * max(|a|, floor): relative, with `floor` the scale below which a value
-    is rounding noise (a loss that is zero in exact arithmetic)."""
-    assert abs(a - b) <= rtol * max(abs(a), floor), (what, a, b)
