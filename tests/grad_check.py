@@ -62,4 +62,3 @@ def assert_same_steps(a: list[list[torch.Tensor]], b: list[list[torch.Tensor]], 
     for i, (ga, gb) in enumerate(zip(a, b)):
         gap = grad_gap(ga, gb)
         assert gap <= rtol, f"step {i}: max |g_a - g_b| / max |g_a| = {gap:.2e} > {rtol:.0e}"
-
