@@ -46,12 +46,12 @@ class PreferenceDataset(ItemsDataset):
             if longest > max_length:
                 if overlong == "error":
                     raise row_error(self.path, i, "chosen" if len(c) >= len(r) else "rejected",
-                                    f"prompt + response is {longest} tokens > max_length={max_length} (set overlong='skip')")
+                                    f"prompt + response is {longest} tokens > max_length={max_length} (set data.overlong=skip)")
                 self.num_skipped += 1
                 continue
             self.items.append({"prompt_text": text, "prompt_ids": p, "chosen_ids": c + [eos], "rejected_ids": r + [eos]})
         if not self.items:
-            raise DataError(f"{os.path.basename(self.path)}: no pair fits max_length={max_length}")
+            raise DataError(f"{os.path.basename(self.path)}: no pair fits data.max_length={max_length}")
 
 
 def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:

@@ -79,7 +79,7 @@ class RLDataset(ItemsDataset):
                     raise row_error(
                         self.path, i, prompt_key,
                         f"prompt has {len(ids)} tokens > max_prompt_length={max_prompt_length} "
-                        "(set overlong_prompt='skip' or 'truncate_left')",
+                        "(set data.overlong_prompt=skip or truncate_left)",
                     )
                 if overlong_prompt == "skip":
                     self.num_skipped += 1
@@ -91,5 +91,6 @@ class RLDataset(ItemsDataset):
                  "data_source": extra["data_source"], "extra": extra, "index": i}
             )
         if not self.items:
-            raise DataError(f"{os.path.basename(self.path)}: every prompt is longer than {max_prompt_length} tokens")
+            raise DataError(f"{os.path.basename(self.path)}: every prompt is longer than "
+                            f"data.max_prompt_length={max_prompt_length} tokens")
 

@@ -33,7 +33,7 @@ def fit_length(ids: list[int], mask: list[int], max_length: int, policy: str, pa
         return ids, mask
     if policy == "error":
         raise row_error(path, i, "response", f"prompt + response is {len(ids)} tokens > max_length={max_length} "
-                        "(set overlong='skip' or 'truncate_right')")
+                        "(set data.overlong=skip or truncate_right)")
     if policy == "skip" or sum(mask[:max_length]) == 0:
         return None  # truncation would leave no response token to learn from
     return ids[:max_length], mask[:max_length]
@@ -67,7 +67,7 @@ class SFTDataset(ItemsDataset):
                 continue
             self.items.append({"input_ids": fitted[0], "loss_mask": fitted[1]})
         if not self.items:
-            raise DataError(f"{os.path.basename(self.path)}: no row fits max_length={max_length}")
+            raise DataError(f"{os.path.basename(self.path)}: no row fits data.max_length={max_length}")
 
 
 def collate_sft(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:

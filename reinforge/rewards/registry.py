@@ -40,37 +40,46 @@ BUILTIN_REWARDS: dict[str, Callable] = {
 }
 
 
+def _spec_error(message: str) -> ValueError:
+    """A bad reward spec is a config error (the CLI prints one line, exit 2). Imported here,
+    on failure only, so reward worker processes do not pay for the config package."""
+    from reinforge.config.load import ConfigError
+
+    return ConfigError(message)
+
+
 def load_reward_fn(spec) -> Callable:
     """A reward function from `spec`.
 
     spec: a callable (returned as is); a built-in name (see BUILTIN_REWARDS); "path/to/file.py:name";
     "pkg.mod:fn"; or "pkg.mod.fn". The function is fn(prompt, response, ground_truth, **extra)
     -> float | dict with "score"; or, with attribute `batched = True`,
-    fn(prompts, responses, ground_truths, extras) -> list.
+    fn(prompts, responses, ground_truths, extras) -> list. A bad spec raises ConfigError (a
+    ValueError) naming it, with a did-you-mean for a mistyped built-in.
     """
     if callable(spec):
         return spec
     if not isinstance(spec, str) or not spec.strip():
-        raise ValueError(f"reward spec must be a name, 'module:fn' or 'file.py:fn', got {spec!r}")
+        raise _spec_error(f"reward spec must be a name, 'module:fn' or 'file.py:fn', got {spec!r}")
     spec = spec.strip()
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
     if spec.endswith(".py"):
-        raise ValueError(f"reward '{spec}': name the function in the file too, '{spec}:fn'")
+        raise _spec_error(f"reward '{spec}': name the function in the file too, '{spec}:fn'")
     module_name, sep, attr = spec.rpartition(":")
     if not sep:
         module_name, _, attr = spec.rpartition(".")
     if not module_name or not attr:
         close = difflib.get_close_matches(spec, list(BUILTIN_REWARDS), n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
-        raise ValueError(
+        raise _spec_error(
             f"unknown reward '{spec}'; {hint}built-ins: {', '.join(sorted(BUILTIN_REWARDS))}; "
             "or give 'pkg.module:fn', 'pkg.module.fn' or 'path/to/file.py:fn'"
         )
     module = _load_file(module_name) if module_name.endswith(".py") else _import(module_name, spec)
     fn = getattr(module, attr, None)
     if not callable(fn):
-        raise ValueError(f"reward '{spec}': '{attr}' is not a callable in {module_name}")
+        raise _spec_error(f"reward '{spec}': '{attr}' is not a callable in {module_name}")
     return fn
 
 
@@ -92,16 +101,16 @@ def check_reward_signature(fn: Callable, spec: str) -> None:
         want = ("fn(prompts, responses, ground_truths, extras)" if batched
                 else "fn(prompt, response, ground_truth, **extra)")
         name = getattr(fn, "__name__", repr(fn))
-        raise ValueError(f"reward '{spec}': {name}{sig} cannot be called as {want} ({exc})") from None
+        raise _spec_error(f"reward '{spec}': {name}{sig} cannot be called as {want} ({exc})") from None
 
 
 def _import(module_name: str, spec: str):
     try:
         return importlib.import_module(module_name)
     except ImportError as exc:
-        raise ValueError(f"reward '{spec}': cannot import module '{module_name}': {exc}") from exc
+        raise _spec_error(f"reward '{spec}': cannot import module '{module_name}': {exc}") from exc
     except Exception as exc:  # the module's own code failed at import
-        raise ValueError(f"reward '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
+        raise _spec_error(f"reward '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
 
 
 @functools.lru_cache(maxsize=None)
@@ -109,7 +118,7 @@ def _load_file(path: str):
     """Import a .py file once per process (module name derived from its absolute path)."""
     path = os.path.abspath(path)
     if not os.path.isfile(path):
-        raise ValueError(f"reward file not found: {path}")
+        raise _spec_error(f"reward file not found: {path}")
     name = "reinforge_user_reward_" + str(abs(hash(path)))
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
@@ -118,5 +127,5 @@ def _load_file(path: str):
         module_spec.loader.exec_module(module)
     except Exception as exc:  # a syntax error (its message holds the line) or the file's own code
         del sys.modules[name]
-        raise ValueError(f"reward file {path}: {type(exc).__name__}: {exc}") from exc
+        raise _spec_error(f"reward file {path}: {type(exc).__name__}: {exc}") from exc
     return module
