@@ -252,3 +252,26 @@ def test_trainer_constructors_run_preflight(inp, tmp_path, no_model_loads, kind)
     with pytest.raises((ConfigError, ValueError), match=r"actor.betas\[1\]=1.0|no_such_reward|is corrupt|no tokenizer"):
         trainer(cfg)
     assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+
+
+def test_reward_functions_resolved_at_config_time(tmp_path):
+    """The checks preflight runs on each reward spec: importable, callable with the reward
+    arguments (extras such as data_source always come as keywords)."""
+    from reinforge.config.load import ConfigError
+    from reinforge.trainers.preflight import check_reward_function
+
+    (tmp_path / "fns.py").write_text(
+        "def no_extra(prompt, response, ground_truth):\n    return 0.0\n"
+        "def per_sample(prompt, response, ground_truth, **extra):\n    return 0.0\n"
+        "def many(prompts, responses, ground_truths, extras):\n    return [0.0] * len(prompts)\n"
+        "many.batched = True\n")
+    (tmp_path / "broken.py").write_text("def f(:\n")
+    check_reward_function(f"{tmp_path}/fns.py:per_sample", "reward.functions[0].name")
+    check_reward_function(f"{tmp_path}/fns.py:many", "reward.functions[1].name")
+    with pytest.raises(ConfigError, match=r"^reward.functions\[2\].name: .*no_extra\(prompt, response, ground_truth\) "
+                                          r"cannot be called as fn\(prompt, response, ground_truth, \*\*extra\)"):
+        check_reward_function(f"{tmp_path}/fns.py:no_extra", "reward.functions[2].name")
+    with pytest.raises(ConfigError, match=r"^eval.reward_functions\[0\].name: reward file .*broken.py: SyntaxError"):
+        check_reward_function(f"{tmp_path}/broken.py:f", "eval.reward_functions[0].name")
+    with pytest.raises(ConfigError, match=r"'fns.py': name the function in the file too, 'fns.py:fn'"):
+        check_reward_function("fns.py", "reward.functions[0].name")

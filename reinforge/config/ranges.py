@@ -1,10 +1,11 @@
 """The valid range of every numeric config key, in one table, and the check that walks a config.
 
-RANGES maps a config dataclass's name to {field: interval}; a subclass inherits its bases'
-entries and may override them (SFTOptimConfig reads AdamWConfig's). Intervals are written as
-in mathematics, "[0, 1)" or "(0, inf)"; "each [1, inf)" applies to every element of a list.
-A None value passes (Optional fields: None means "off"). tests/test_config.py checks that
-every int/float field of every config has an entry, so a new knob cannot skip the table.
+RANGES maps a config dataclass's name (not the class: the config modules import this one) to
+{field: interval}; a subclass inherits its bases' entries and may override them
+(SFTOptimConfig reads AdamWConfig's). Intervals are written as in mathematics, "[0, 1)" or
+"(0, inf)"; "each [1, inf)" applies to every element of a list. A None value passes (Optional
+fields: None means "off"). tests/test_config.py checks that every int/float field of every
+config has an entry, so a new knob cannot skip the table.
 """
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from typing import Any
 
 from reinforge.config.load import ConfigError
 
+# > 0; >= 0 (a real, then a count); >= 1 (a size); a fraction; a probability that cannot be 0.
 POS, NONNEG, COUNT, SIZE, UNIT, PROB = "(0, inf)", "[0, inf)", "[0, inf)", "[1, inf)", "[0, 1]", "(0, 1]"
 
 RANGES: dict[str, dict[str, str]] = {
