@@ -256,6 +256,12 @@ def test_yaml_syntax_error_names_file_line_column(tmp_path):
         load_config(RLConfig, None, ["rollout.n=[1"])
 
 
+def test_bad_base_names_the_file_that_asks_for_it(tmp_path):
+    (tmp_path / "child.yaml").write_text("base: grpoo\nrollout:\n  n: 4\n")
+    with pytest.raises(ConfigError, match=r"child.yaml: base: config 'grpoo' is neither .* did you mean 'grpo'"):
+        load_config(RLConfig, str(tmp_path / "child.yaml"))
+
+
 @pytest.mark.parametrize("override,match", [
     ("rollout.n", "must look like section.key=value"),
     ("rollout..n=3", "is not a dotted key"),

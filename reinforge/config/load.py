@@ -71,7 +71,11 @@ def _read_yaml(path: Path, seen: tuple = ()) -> dict:
     base = data.pop("base", None)
     if base is None:
         return data
-    parent = _read_yaml(resolve_config_path(str(base)), seen + (path,))
+    try:
+        base_path = resolve_config_path(str(base))
+    except ConfigError as exc:
+        raise ConfigError(f"{path}: base: {exc}") from None
+    parent = _read_yaml(base_path, seen + (path,))
     return _deep_merge(parent, data)
 
 
