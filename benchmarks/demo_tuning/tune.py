@@ -72,7 +72,7 @@ def main() -> None:
         cfg = load_config(SFTConfig, "demo_sft", [f"model.path={model_dir}", f"data.train_files=[{data_dir}/sft.parquet]",
                                                   f"trainer.run_dir={sft_dir}", f"optim.total_steps={args.sft_steps}",
                                                   "trainer.progress=false", "trainer.loggers=[jsonl]", *args.sft])
-        SFTTrainer(cfg).fit()
+        SFTTrainer(cfg).fit(overwrite=True)  # a crashed earlier SFT (no hf/ yet) is replaced
     sft_s = time.perf_counter() - t0
     run_dir = ROOT / f"rl_{args.name}"
     if run_dir.exists():

@@ -53,13 +53,11 @@ def run_arm(name: str, preset: str, overrides: list[str], base: Path, paths: dic
     from reinforge.trainers.rl import RLTrainer
 
     run_dir = ROOT / "runs" / "studies" / out.name / name  # checkpoints stay out of the repo
-    if (run_dir / "metrics.jsonl").exists():
-        (run_dir / "metrics.jsonl").unlink()
     common = [f"model.path={base}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['test']}]",
               f"trainer.run_dir={run_dir}", "trainer.export_hf=false", "trainer.report=false",
               "trainer.loggers=[jsonl]", "reward.functions=[{name: arithmetic}]"]
     print(f"[study] arm {name}: {preset} {' '.join(overrides)}", file=sys.stderr, flush=True)
-    RLTrainer(load_config(RLConfig, preset, common + overrides)).fit()
+    RLTrainer(load_config(RLConfig, preset, common + overrides)).fit(overwrite=True)  # a rerun replaces the arm
     rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
     return rows
 
