@@ -53,7 +53,7 @@ def set_rng_state(state: dict) -> None:
 def crash_point(name: str) -> None:
     """Test hook of scripts/crash_campaign.py: REINFORGE_CRASH_AT=<name> SIGKILLs this process at
     that point: save:written|sealed|trashed|renamed, export:written|trashed|renamed, and
-    <label>:trashed of _remove_dir (prune, rewind). Unset, it costs one environment lookup."""
+    <label>:trashed of remove_dir (prune, rewind). Unset, it costs one environment lookup."""
     if os.environ.get("REINFORGE_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
 
@@ -79,7 +79,7 @@ def _hidden(path: Path, kind: str) -> Path:
     return path.with_name(f".{kind}_{path.name}_{os.getpid()}")
 
 
-def _remove_dir(path: Path, label: str) -> None:
+def remove_dir(path: Path, label: str) -> None:
     """Delete a folder without it ever being visible half-deleted under its own name."""
     trash = _hidden(path, "trash")
     if trash.exists():
@@ -182,7 +182,7 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, to
     crash_point("save:sealed")
     _replace_dir(tmp, final, "save")
     for _, old in step_folders(root)[:-keep_last] if keep_last > 0 else []:
-        _remove_dir(old, "prune")
+        remove_dir(old, "prune")
     return final
 
 

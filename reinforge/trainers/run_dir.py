@@ -25,7 +25,7 @@ import tempfile
 from pathlib import Path
 
 from reinforge.config.load import ConfigError
-from reinforge.trainers.checkpoint import _remove_dir, latest_checkpoint, step_folders
+from reinforge.trainers.checkpoint import remove_dir, latest_checkpoint, step_folders
 
 KEY = "trainer.run_dir"
 ARTEFACTS = ("checkpoints", "metrics.jsonl", "samples", "tensorboard", "hf", "report", "critic_pretrained", "wandb")
@@ -151,7 +151,7 @@ def rewind(run_dir: Path, step: int) -> int:
         p.unlink()
     later = [p for k, p in step_folders(run_dir / "checkpoints") if k >= first_new]
     for p in later:  # else a kill before the next save would leave them for --resume to pick
-        _remove_dir(p, "rewind")
+        remove_dir(p, "rewind")
     if first_new == 0:
         shutil.rmtree(run_dir / "tensorboard", ignore_errors=True)
     if rows or samples or later:
