@@ -4,7 +4,11 @@ A reward function is fn(prompt: str, response: str, ground_truth, **extra) -> fl
 (a dict has "score"; its other numeric keys are logged as reward/<key>). A batched one has
 `fn.batched = True` and maps (prompts, responses, ground_truths, extras) -> list.
 An optional `fn.preload_modules = ("heavy_module",)` makes reward worker processes import
-those modules at start-up, so a slow import is not charged to the first call's timeout.
+those modules at start-up, so a slow import is not charged to the first call's timeout;
+`fn.warm_up()`, if set, is called there too (e.g. math_verify's first parse).
+Every per-sample call has a timeout (`reward.timeout_s`): with `reward.num_workers=0` a
+function runs in one worker process that is killed when a call overruns, unless it is marked
+`fn.bounded = True` (it caps its own time, like the built-in verifiers) and runs in-process.
 """
 
 from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward, soft_overlong_punishment
