@@ -123,6 +123,9 @@ CASES = [
     ("list_key_given_scalar", lambda p: [*p.rl, f"data.train_files={p.data['train']}"],
      "config key 'data.train_files' is a list; give ["),
     ("logger_typo", lambda p: [*p.rl, "trainer.loggers=[jsonl, wandbb]"], "trainer.loggers: unknown ['wandbb']"),
+    ("eval_reward_typo", lambda p: ["eval", "--model", p.model, "--data", p.data["test"], "--reward", "exact_mtch"],
+     "--reward: unknown reward 'exact_mtch'; did you mean 'exact_match'?"),
+    ("report_not_a_run_dir", lambda p: ["report", f"{p.root}/nowhere"], "{root}/nowhere' is not a run directory"),
     ("lora_target_typo", lambda p: [*p.rl, "model.lora_rank=4", "model.lora_target_modules=[q_proj, nope_proj]"],
      "model.lora_target_modules: ['nope_proj'] match no module of model.path="),
 ]

@@ -2,14 +2,24 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 from reinforge.config.common import GenEvalConfig
+from reinforge.config.load import ConfigError
 from reinforge.config.validate import resolve_device
+from reinforge.models.checks import check_model_files, check_tokenizer_files
 from reinforge.models.loading import load_causal_lm, load_tokenizer
+from reinforge.trainers.preflight import check_reward_function
 from reinforge.trainers.validation import PromptEvaluator
 
 
 def main(args) -> int:
+    # Every input is checked before the model loads, as in the training commands.
+    check_model_files(args.model, "--model")
+    check_tokenizer_files(args.model, "--model")
+    check_reward_function(args.reward, "--reward")
+    if not Path(args.data).is_file():
+        raise ConfigError(f"--data={args.data!r}: no such file")
     device = resolve_device("auto")
     tok = load_tokenizer(args.model)
     model = load_causal_lm(args.model, device=device, train=False)

@@ -116,8 +116,13 @@ def cmd_model(args) -> int:
 
 
 def cmd_report(args) -> int:
+    from reinforge.config.load import ConfigError
     from reinforge.report import write_report
 
+    run_dir = Path(args.run_dir)
+    if not (run_dir / "metrics.jsonl").is_file() and not (run_dir / "config.yaml").is_file():
+        raise ConfigError(f"{str(run_dir)!r} is not a run directory (no metrics.jsonl or config.yaml): "
+                          "give the trainer.run_dir of a run")
     print(write_report(args.run_dir))
     return 0
 
