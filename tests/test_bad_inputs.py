@@ -6,6 +6,12 @@ subprocess replaces `PreTrainedModel.from_pretrained` (which every model load of
 goes through) with a function that raises, so a case that loaded a model before refusing exits
 with that traceback (code 1) instead of 2. One tiny model and one small task data set are
 shared by the module; the broken variants are copies with one thing wrong.
+
+Issue 11's section 4 (runs that must not mix, lose or leave anything) is tested beside this file:
+a previous run refused unless --resume/--overwrite, an unwritable run_dir, resume cutting the
+logs back, SIGTERM, non-finite metrics as null: tests/test_bad_inputs_run_dir.py; checkpoint and
+export atomicity at every kill point, latest_checkpoint verifying files, stale temporaries
+cleaned at start-up: tests/test_checkpoint_atomic.py.
 """
 from __future__ import annotations
 
