@@ -6,7 +6,6 @@ or file under `base:` to start from.
 """
 from __future__ import annotations
 
-import difflib
 import os
 from dataclasses import MISSING, fields, is_dataclass
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any, Sequence, TypeVar
 import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
+
+from reinforge.config.hints import did_you_mean
 
 PRESET_DIR = Path(__file__).parent / "presets"
 T = TypeVar("T")
@@ -38,8 +39,7 @@ def resolve_config_path(name_or_path: str) -> Path:
         return preset
     if p.suffix in (".yaml", ".yml"):
         raise ConfigError(f"config file {name_or_path!r} does not exist")
-    close = difflib.get_close_matches(name_or_path, list_presets(), n=1)
-    hint = f"did you mean '{close[0]}'? " if close else ""
+    hint = did_you_mean(name_or_path, list_presets())
     raise ConfigError(f"config {name_or_path!r} is neither a YAML file nor a preset; {hint}presets: {list_presets()}")
 
 
@@ -92,8 +92,8 @@ def _check_keys(schema, data: dict, prefix: str = "") -> None:
     for key, value in data.items():
         dotted = f"{prefix}{key}"
         if key not in valid:
-            close = difflib.get_close_matches(key, list(valid), n=1)
-            hint = f"; did you mean '{prefix}{close[0]}'?" if close else f"; valid keys: {sorted(valid)}"
+            close = did_you_mean(key, valid, prefix)
+            hint = f"; {close.strip()}" if close else f"; valid keys: {sorted(valid)}"
             raise ConfigError(f"unknown config key {dotted!r}{hint}")
         ftype = valid[key].default_factory if valid[key].default_factory is not MISSING else None  # type: ignore[misc]
         sub = ftype() if callable(ftype) else None

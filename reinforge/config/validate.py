@@ -5,13 +5,13 @@ Each rule fails with one ConfigError naming the keys involved and the rule broke
 """
 from __future__ import annotations
 
-import difflib
 import json
 import math
 from pathlib import Path
 from typing import Optional, Sequence
 
 from reinforge.config.common import AdamWConfig
+from reinforge.config.hints import did_you_mean
 from reinforge.config.load import ConfigError
 from reinforge.config.ranges import check_ranges
 from reinforge.config.schema import RLConfig
@@ -120,9 +120,8 @@ def normalize_reward_functions(functions, key: str) -> list[dict]:
         need(isinstance(entry, dict), f"{at}={item!r}: give a name ('exact_match', 'file.py:fn') or "
                                       "{name: ..., weight: ...}")
         for k in entry:
-            close = difflib.get_close_matches(str(k), ("name", "weight"), n=1)
-            need(k in ("name", "weight"), f"{at}.{k}: unknown key" + (f"; did you mean '{at}.{close[0]}'?" if close
-                                                                       else "; valid keys: name, weight"))
+            close = did_you_mean(k, ("name", "weight"), f"{at}.")
+            need(k in ("name", "weight"), f"{at}.{k}: unknown key; " + (close.strip() or "valid keys: name, weight"))
         name, weight = entry.get("name"), entry.get("weight", 1.0)
         need(isinstance(name, str) and bool(name.strip()),
              f"{at}.name={name!r}: give a built-in name, 'module:fn' or 'file.py:fn'")

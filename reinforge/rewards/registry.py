@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import difflib
 import functools
 import importlib
 import importlib.util
@@ -11,6 +10,7 @@ import os
 import sys
 from typing import Callable
 
+from reinforge.config.hints import did_you_mean
 from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward
 from reinforge.tasks import TASKS
 
@@ -70,8 +70,7 @@ def load_reward_fn(spec) -> Callable:
     if not sep:
         module_name, _, attr = spec.rpartition(".")
     if not module_name or not attr:
-        close = difflib.get_close_matches(spec, list(BUILTIN_REWARDS), n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
+        hint = did_you_mean(spec, BUILTIN_REWARDS)
         raise _spec_error(
             f"unknown reward '{spec}'; {hint}built-ins: {', '.join(sorted(BUILTIN_REWARDS))}; "
             "or give 'pkg.module:fn', 'pkg.module.fn' or 'path/to/file.py:fn'"

@@ -10,13 +10,13 @@ reward_model {"style": "rule", "ground_truth"}, extra_info {"split", "index"}.
 
 from __future__ import annotations
 
-import difflib
 import inspect
 import json
 import os
 import random
 from typing import Any, Callable
 
+from reinforge.config.hints import did_you_mean
 from reinforge.data.io import DataError, write_rows
 from reinforge.data.preprocess import rl_row
 from reinforge.tasks.arithmetic import make_arithmetic
@@ -38,11 +38,6 @@ def build_char_tokenizer(save_dir: str | None = None):
     return build(save_dir)
 
 
-def _did_you_mean(word: str, valid) -> str:
-    close = difflib.get_close_matches(word, list(valid), n=1)
-    return f"did you mean '{close[0]}'? " if close else ""
-
-
 def task_options(name: str) -> dict[str, Any]:
     """The options of task `name` with their defaults, e.g. {"digits": 2, "ops": "+"}."""
     return {p.name: p.default for p in inspect.signature(TASKS[name]).parameters.values()}
@@ -52,12 +47,12 @@ def get_task(name: str, **task_kwargs) -> Task:
     """Build the task `name` with its options. Unknown names and options, and values of the wrong
     type or range, raise DataError listing what is valid."""
     if name not in TASKS:
-        raise DataError(f"unknown task '{name}'; {_did_you_mean(name, TASKS)}available: {', '.join(sorted(TASKS))}")
+        raise DataError(f"unknown task '{name}'; {did_you_mean(name, TASKS)}available: {', '.join(sorted(TASKS))}")
     options = task_options(name)
     listed = ", ".join(f"{k}={v!r}" for k, v in options.items())
     for key, value in task_kwargs.items():
         if key not in options:
-            raise DataError(f"task '{name}' has no option '{key}'; {_did_you_mean(key, options)}options: {listed}")
+            raise DataError(f"task '{name}' has no option '{key}'; {did_you_mean(key, options)}options: {listed}")
         want = type(options[key])
         if isinstance(value, bool) or not isinstance(value, (int, float) if want is float else want):
             kind = {int: "an integer", float: "a number", str: "a string"}.get(want, want.__name__)
