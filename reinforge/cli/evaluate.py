@@ -6,7 +6,7 @@ from pathlib import Path
 
 from reinforge.config.common import GenEvalConfig
 from reinforge.config.load import ConfigError
-from reinforge.config.validate import resolve_device
+from reinforge.config.validate import check_model_path, resolve_device
 from reinforge.models.checks import check_model_files, check_tokenizer_files
 from reinforge.models.loading import load_causal_lm, load_tokenizer
 from reinforge.trainers.preflight import check_reward_function
@@ -15,6 +15,7 @@ from reinforge.trainers.validation import PromptEvaluator
 
 def main(args) -> int:
     # Every input is checked before the model loads, as in the training commands.
+    check_model_path(args.model, "--model")
     check_model_files(args.model, "--model")
     check_tokenizer_files(args.model, "--model")
     check_reward_function(args.reward, "--reward")

@@ -109,10 +109,9 @@ def missing_modules(names: set[str], targets: list[str]) -> list[str]:
 
 
 def check_model_files(folder: str | os.PathLike, key: str) -> None:
-    """`folder` (config key `key`) has a config.json object and sound weight files."""
+    """`folder` (config key `key`), known to hold a config.json (config.validate.check_model_path
+    runs first), has a JSON object there and sound weight files."""
     folder = Path(folder)
-    if not (folder / "config.json").is_file():
-        raise ModelLoadError(f"{key}='{folder}' is not a Hugging Face model folder (no config.json)")
     _read_json(folder / "config.json")
     bad = corrupt_weight_file(folder)
     if bad:

@@ -54,11 +54,7 @@ class RunLogger:
         logged from that step on, as metrics.jsonl was cut there (run_dir.rewind)."""
         self.dir = Path(run_dir)
         self.dir.mkdir(parents=True, exist_ok=True)
-        valid = {"console", "jsonl", "tensorboard", "wandb", "mlflow"}
-        unknown = set(loggers) - valid
-        if unknown:
-            raise ValueError(f"trainer.loggers: unknown {sorted(unknown)}; valid: {sorted(valid)}")
-        self.loggers = set(loggers)
+        self.loggers = set(loggers)  # names checked with the config (config.validate.LOGGERS)
         self.jsonl = open(self.dir / "metrics.jsonl", "a") if "jsonl" in self.loggers else None
         self.tb = None
         if "tensorboard" in self.loggers:
