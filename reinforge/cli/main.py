@@ -47,13 +47,13 @@ def run_training(command: str, args) -> int:
     starts. Ctrl-C or SIGTERM stops it with the command that continues the run (exit 128 + signal)."""
     from reinforge.config.load import load_config
     from reinforge.trainers.loop import sigterm_interrupts
-    from reinforge.trainers.preflight import preflight
     from reinforge.trainers.run_dir import check_reuse, resume_hint
 
     schema, trainer_cls, _, _ = TRAINERS[command]
-    cfg = preflight(load_config(_load(schema), args.config, args.overrides))  # no model is built yet
+    cfg = load_config(_load(schema), args.config, args.overrides)
     resume = args.resume_from or args.resume
     check_reuse(cfg.trainer.run_dir, bool(resume), args.overwrite)  # again in fit(); here before the model loads
+    # The trainer's constructor runs preflight (every check that builds no model) before it loads one.
     trainer = None
     try:
         with sigterm_interrupts():

@@ -1,6 +1,6 @@
-"""`preflight(cfg)`: every check of a training config that builds no model. The CLI runs it
-before it builds a trainer, and each trainer's constructor runs it first, so a Python user gets
-the same one-line errors. A failure leaves the run directory untouched.
+"""`preflight(cfg)`: every check of a training config that builds no model. Each trainer's
+constructor runs it first, so the CLI and a Python user get the same one-line errors before any
+model loads. A failure leaves the run directory untouched.
 
 1. the config's own rules: validate / validate_sft / validate_preference (ranges, names,
    batch sizes, data files exist; fills cfg.derived);

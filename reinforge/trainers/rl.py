@@ -29,14 +29,12 @@ from reinforge.trainers.logging import Timer
 from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.metrics import batch_metrics
 from reinforge.trainers.rl_setup import build_components
-from reinforge.trainers.run_dir import check_writable
 from reinforge.trainers.validation import prompts_batch, validate
 
 
 class RLTrainer(TrainingLoop):
     def __init__(self, cfg):
         self.cfg = cfg
-        check_writable(cfg.trainer.run_dir)  # before any model loads
         seed_everything(cfg.trainer.seed)
         c = build_components(cfg)
         self.tok, self.actor_model, self.critic_model = c.tokenizer, c.actor_model, c.critic_model

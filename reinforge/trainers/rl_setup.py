@@ -13,6 +13,7 @@ from reinforge.config.schema import RLConfig
 from reinforge.models.loading import load_causal_lm, load_critic, load_tokenizer
 from reinforge.trainers.logging import note_skipped
 from reinforge.trainers.preflight import preflight
+from reinforge.trainers.run_dir import check_writable
 from reinforge.workers.actor import ActorWorker
 from reinforge.workers.critic import CriticWorker
 from reinforge.workers.reference import ReferenceWorker
@@ -141,6 +142,7 @@ def build_components(cfg: RLConfig) -> Components:
     from reinforge.data import PromptLoader
 
     preflight(cfg)  # validate, the model folders' files, the reward functions
+    check_writable(cfg.trainer.run_dir)  # before any model loads
     device, m = cfg.derived["device"], cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     train = load_prompts(list(cfg.data.train_files), tok, cfg)
