@@ -8,6 +8,7 @@ import time
 import pytest
 
 from reinforge.rewards import math_verify_reward
+from reinforge.rewards import builtin
 from reinforge.rewards.builtin import MATH_VERIFY_BUDGET_S
 from reinforge.tasks import score_countdown
 
@@ -54,16 +55,18 @@ def test_math_verify_stops_at_its_budget(response):
     assert time.monotonic() - start < MATH_VERIFY_BUDGET_S + 1.0
 
 
-def test_math_verify_towers_of_three_parse_and_deeper_ones_score_0_unparsed():
+def test_math_verify_towers_of_three_parse_and_deeper_ones_score_0_unparsed(monkeypatch):
     math_verify_reward("q", "\\boxed{1}", "1")
     assert math_verify_reward("q", "so \\boxed{256}", "2^{2^{3}}") == 1.0
     assert math_verify_reward("q", "\\boxed{2^{2^{3}}}", "256") == 1.0
     # Four levels: one uninterruptible big-integer shift in sympy took 1-2 s here, so no parse at all.
+    def parsed(*args):
+        raise AssertionError("a power tower of 4 levels reached math_verify's parser")
+
+    monkeypatch.setattr(builtin, "_math_verify", parsed)
     for response, gt in [("645", "{10^{10^{10^{10}}}}"), ("\\boxed{10^{10^{10^{10}}}}", "645"),
                          ("9**9**9**9", "1"), ("\\boxed{2^{2^{2^{2}}}}", "65536")]:
-        start = time.monotonic()
         assert math_verify_reward("q", response, gt) == 0.0
-        assert time.monotonic() - start < 0.1
 
 
 def test_countdown_ground_truth_schema_errors_are_clear():
