@@ -5,7 +5,7 @@ TORCH_SPEC ?= torch==2.13.0
 PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 
-.PHONY: demo test install install-test bench clean
+.PHONY: demo test install install-test bench trl-venv bench-trl clean
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -25,6 +25,23 @@ test: install
 bench: install
 	$(PY) benchmarks/algos.py
 	$(PY) benchmarks/step.py
+
+# TRL in its own venv, so benchmarks/vs_trl.py can compare against it without touching $(VENV).
+# torch first, so pip does not pull a CUDA build as trl's dependency.
+TRL_VENV ?= .venv-trl
+TRL_SPEC ?= trl==1.16.0
+
+$(TRL_VENV)/.installed:
+	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
+	$(TRL_VENV)/bin/pip install -q --upgrade pip
+	$(TRL_VENV)/bin/pip install -q "$(TORCH_SPEC)"
+	$(TRL_VENV)/bin/pip install -q "$(TRL_SPEC)"
+	touch $@
+
+trl-venv: $(TRL_VENV)/.installed
+
+bench-trl: install trl-venv
+	$(PY) benchmarks/vs_trl.py
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache
