@@ -66,7 +66,7 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     m["diag/zero_var_group_frac"] = _zero_var_group_frac(batch)
     if "entropy" in batch:
         m["actor/entropy"] = float(masked_mean(batch["entropy"], mask))
-    if "ref_log_probs" in batch:
+    if "ref_log_probs" in batch and "old_log_probs" in batch:  # else the on-policy update reports it
         m["actor/ref_kl"] = float(masked_mean(batch["old_log_probs"] - batch["ref_log_probs"], mask))
     m.update(advantage_by_position(batch["advantages"], mask))
     m["batch/sequences"] = float(seq_mask.sum())

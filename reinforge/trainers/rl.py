@@ -3,7 +3,7 @@ logging, checkpoints, resume, export, report).
 
     batch   = rollout.generate(prompts)                # (B, P+T), n samples per prompt
     batch  |= reward.score(batch)                      # token_level_scores
-    batch  |= actor.log_probs(batch)                   # old_log_probs (+ entropy)
+    batch  |= actor.log_probs(batch)                   # old_log_probs (+ entropy), unless on-policy
     batch  |= reference.log_probs(batch)               # when KL is used
     batch  |= critic.values(batch)                     # when the estimator needs values
     batch   = apply_kl_in_reward(batch, kl_controller) # when configured
@@ -30,6 +30,7 @@ from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.metrics import batch_metrics
 from reinforge.trainers.rl_setup import build_components
 from reinforge.trainers.validation import prompts_batch, validate
+from reinforge.workers.actor import on_policy_update
 
 
 class RLTrainer(TrainingLoop):
@@ -43,6 +44,9 @@ class RLTrainer(TrainingLoop):
         self.loader, self.val_items = c.loader, c.val_items
         self.run_dir = Path(cfg.trainer.run_dir)
         self.timer, self.step_idx, self.next_uid = Timer(), 0, 0
+        d = cfg.derived  # on-policy: the update's own forward gives the old log-probs (workers/actor.py)
+        self.on_policy = not cfg.algorithm.use_kl_in_reward and on_policy_update(
+            self.actor_model, cfg.actor.ppo_epochs, d["actor_mini_batch_size"], d["batch_size"])
 
     # ---- one step -------------------------------------------------------------------------
     def _rollout_round(self) -> Batch:
@@ -83,8 +87,10 @@ class RLTrainer(TrainingLoop):
             with self.timer("baseline"):
                 b_batch, b_metrics = stages.greedy_baseline(batch, self.rollout, self.reward)
             batch, metrics = batch | b_batch, {**metrics, **b_metrics}
-        with self.timer("old_log_prob"):
-            batch = batch | self.actor.log_probs(batch)
+        # vLLM's correction compares the two; a frozen actor has no update pass to report entropy
+        if not self.on_policy or self.actor_frozen or "rollout_log_probs" in batch:
+            with self.timer("old_log_prob"):
+                batch = batch | self.actor.log_probs(batch)
         if self.reference is not None:
             with self.timer("ref"):
                 batch = batch | self.reference.log_probs(batch)

@@ -3,6 +3,11 @@
 `update` runs ppo_epochs x mini-batches x micro-batches. Each micro-batch loss is aggregated
 with the *mini-batch's* token and sequence counts, so the accumulated gradient equals the
 gradient of the mini-batch loss exactly, whatever the micro-batch size.
+
+On-policy updates (one epoch, one mini-batch, no dropout: `on_policy_update`) need no separate
+old-log-prob forward: the update's own forward runs at the rollout weights, so its detached
+log-probs are the old ones (ratio exactly 1) and `update` reports entropy and the reference KL
+from that pass. The trainer then leaves `old_log_probs` out of the batch.
 """
 from __future__ import annotations
 
@@ -10,6 +15,7 @@ import torch
 
 from reinforge.algos.aggregation import agg_denominators, agg_loss
 from reinforge.algos.kl import kl_penalty
+from reinforge.algos.masked import masked_mean
 from reinforge.algos.policy_loss import get_policy_loss
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
@@ -71,9 +77,16 @@ class ActorWorker(TrainedWorkerState):
         mask = mb["loss_mask"] if "loss_mask" in mb else mb["response_mask"]
         mask = mask.float()
         need_entropy = c.entropy_coeff != 0
-        log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature, need_entropy)
-        loss_mat, m = self.loss_fn(log_probs, mb["old_log_probs"], mb["advantages"], mask,
+        on_policy = "old_log_probs" not in mb
+        log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature, need_entropy or on_policy)
+        old_log_probs = log_probs.detach() if on_policy else mb["old_log_probs"]
+        loss_mat, m = self.loss_fn(log_probs, old_log_probs, mb["advantages"], mask,
                                    clip_low=c.clip_low, clip_high=c.clip_high, clip_c=c.clip_c)
+        if on_policy:  # what trainers/metrics.py reads from the skipped pass's outputs
+            resp = mb["response_mask"].float()
+            m["entropy"] = masked_mean(entropy.detach(), resp)
+            if "ref_log_probs" in mb:
+                m["ref_kl"] = masked_mean(old_log_probs - mb["ref_log_probs"], resp)
         if "tis_weight" in mb:  # vLLM rollout: truncated importance sampling, per token
             loss_mat = loss_mat * mb["tis_weight"]
         agg = dict(num_tokens=denom["num_tokens"], num_seqs=denom["num_seqs"], norm_const=self.loss_norm_const)
@@ -98,6 +111,8 @@ class ActorWorker(TrainedWorkerState):
         (see workers/dp.py); counts and shares are the global mini-batch's, and the loss is
         scaled by the world size because FSDP averages gradients over ranks."""
         temperature = batch.meta.get("temperature", 1.0)
+        if "old_log_probs" not in batch and not (self.cfg.ppo_epochs == 1 and len(batch) <= self.mini_batch_size):
+            raise ValueError("old_log_probs may be left out only for an on-policy update (one epoch, one mini-batch)")
         sums, shared, nonfinite, n_mini = MetricSum(), MetricSum(), 0, 0
         world = dp.world_size()
         tis_metrics = {}
@@ -143,6 +158,16 @@ class ActorWorker(TrainedWorkerState):
         out["actor/lr"] = self.sched.get_last_lr()[0]
         out["actor/nonfinite_skipped"] = float(nonfinite)
         return out
+
+
+def on_policy_update(model, ppo_epochs: int, mini_batch_size: int, batch_size: int) -> bool:
+    """Whether the actor's update takes its one optimizer step at the rollout weights with the
+    forward the old-log-prob pass would run: one epoch, the whole batch (`batch_size` rows at
+    most) in one mini-batch, and no dropout (train-mode forward = eval-mode forward). Then the
+    update's detached log-probs are the old log-probs and the separate pass can be skipped."""
+    dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
+    dropout = dropout or getattr(getattr(model, "config", None), "attention_dropout", 0.0) > 0
+    return ppo_epochs == 1 and batch_size <= mini_batch_size and not dropout
 
 
 def _local(t: torch.Tensor) -> torch.Tensor:
