@@ -6,14 +6,15 @@ biggest tensor of the whole step. This autograd Function never builds it: forwar
 each chunk's logits, turns them into d loss / d logits in place (see ``logprobs``) and
 immediately contracts them into the gradients of hidden (N, H) and weight (V, H).
 Extra memory: a couple of (chunk_size, V) buffers, plus, when weight is half precision, fp32
-copies of weight and of its gradient during backward.
+copies of weight and of its gradient during backward. top_k / top_p filter each chunk's logits
+as ``logprobs.sampling_filter_`` does (the distribution the rollout sampled from).
 """
 
 from __future__ import annotations
 
 import torch
 
-from .logprobs import _acc_dtype, _chunk_forward, _chunk_grad_
+from .logprobs import _acc_dtype, _chunk_forward, _chunk_grad_, sampling_filter_
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, acc) -> torch.Tensor:
@@ -24,7 +25,7 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, acc
 
 class _FusedLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy):
+    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, top_k=0, top_p=1.0):
         acc = _acc_dtype(hidden.dtype)
         N = hidden.shape[0]
         lse = torch.empty(N, dtype=acc, device=hidden.device)
@@ -33,12 +34,13 @@ class _FusedLogProb(torch.autograd.Function):
         for s in range(0, N, chunk_size):
             sl = slice(s, min(s + chunk_size, N))
             z = _chunk_logits(hidden[sl], weight, temperature, acc)  # (n, V)
+            sampling_filter_(z, top_k, top_p, labels[sl])
             lse[sl], logp[sl], e = _chunk_forward(z, labels[sl], with_entropy)
             if with_entropy:
                 ent[sl] = e
             del z
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
-        ctx.temperature, ctx.chunk_size = temperature, chunk_size
+        ctx.temperature, ctx.chunk_size, ctx.top_k, ctx.top_p = temperature, chunk_size, top_k, top_p
         return (logp, ent) if with_entropy else logp
 
     @staticmethod
@@ -56,9 +58,12 @@ class _FusedLogProb(torch.autograd.Function):
             sl = slice(s, min(s + chunk, hidden.shape[0]))
             h = hidden[sl]
             z = _chunk_logits(h, weight, T, acc)  # recompute (n, V)
+            removed = sampling_filter_(z, ctx.top_k, ctx.top_p, labels[sl])
             e = None if ent is None else ent[sl]
             ge = None if g_ent is None else g_ent[sl]
             dz = _chunk_grad_(z, lse[sl], e, labels[sl], g_logp[sl], ge, T)  # d/dlogits (n, V)
+            if removed is not None:  # filtered logits get no gradient
+                dz.masked_fill_(removed, 0.0)
             if need_h:
                 grad_h[sl] = (dz @ w_acc).to(hidden.dtype)
             if need_w:
@@ -66,7 +71,7 @@ class _FusedLogProb(torch.autograd.Function):
             del z, dz
         if need_w:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None
 
 
 FUSED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk: 16 MiB in fp32 (131 tokens at V = 32000)
@@ -79,6 +84,8 @@ def fused_logprobs_from_hidden(
     temperature: float = 1.0,
     chunk_size: int | None = None,
     return_entropy: bool = False,
+    top_k: int = 0,
+    top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``labels`` under softmax(hidden @ weight.T / T), chunked over tokens.
 
@@ -87,12 +94,15 @@ def fused_logprobs_from_hidden(
     entropy too when it is returned. Output dtype: fp32 for half/bf16 inputs.
     ``chunk_size`` tokens per chunk; None (or <= 0) sizes chunks to FUSED_CHUNK_ELEMENTS logits, so the
     transient (chunk, V) buffers stay a few tens of MB whatever the vocabulary.
+    ``top_k`` / ``top_p``: the rollout's sampling filter (``logprobs.sampling_filter_``).
     """
     if hidden.dim() != 2 or weight.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError("expected hidden (N, H), weight (V, H), labels (N,)")
     if chunk_size is None or chunk_size <= 0:
         chunk_size = max(1, FUSED_CHUNK_ELEMENTS // weight.shape[0])
     if return_entropy:
-        logp, ent = _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, True)
+        logp, ent = _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, True,
+                                        int(top_k), float(top_p))
         return logp, ent
-    return _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, False), None
+    return _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, False,
+                               int(top_k), float(top_p)), None

@@ -12,6 +12,11 @@ Gradients, per row, with p = softmax(z), log p = z - lse, g = upstream grads:
   d H / dz      = -p * (log p + H)
 so dz = g_logp * onehot(y) - p * (g_logp + g_H * (log p + H)), and d/dlogits = dz / T.
 Labels must be valid indices in [0, V) (mask padding positions, do not use -100).
+
+Top-k / top-p (`sampling_filter_`): when the rollout sampled from a filtered distribution,
+z is filtered the same way before the softmax, so log-probs, entropies and gradients are those
+of the renormalised distribution over the kept tokens (the label is always kept, see there).
+top_k=0 and top_p=1 skip the filter: the full softmax, unchanged numerics.
 """
 
 from __future__ import annotations
@@ -38,6 +43,39 @@ def _row_blocks(x: torch.Tensor) -> list[torch.Tensor]:
         if x.dim() <= 2:
             return [x.contiguous()]  # a strided 2-D matrix: nothing better to do
         return [blk for sub in x.unbind(0) for blk in _row_blocks(sub)]
+
+
+def filter_active(V: int, top_k: int, top_p: float) -> bool:
+    """Whether top-k / top-p remove anything from a V-way distribution."""
+    return 0 < top_k < V or top_p < 1.0
+
+
+def sampling_filter_(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
+                     keep: torch.Tensor | None = None) -> torch.Tensor | None:
+    """Top-k, then top-p over what remains (transformers' warper order and tie rules), in place.
+
+    z (n, V) temperature-scaled logits in the compute dtype; removed entries are set to the
+    dtype's lowest value, so softmax gives them exactly 0 without inf arithmetic. keep (n,):
+    token ids never removed (the labels: a token sampled by the rollout policy is always inside
+    its kept set; under another policy, the updated actor or the reference, it may fall outside,
+    and keeping it gives a small finite log-prob instead of -inf).
+    Returns the removed mask (n, V) bool, or None when the filter is inactive (z untouched).
+    """
+    V = z.shape[-1]
+    if not filter_active(V, top_k, top_p):
+        return None
+    removed = torch.zeros(z.shape, dtype=torch.bool, device=z.device)
+    if 0 < top_k < V:
+        removed = z < z.topk(top_k, dim=-1).values[..., -1:]
+    if top_p < 1.0:
+        s, idx = z.masked_fill(removed, float("-inf")).sort(dim=-1)  # ascending, like the warper
+        drop = s.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[..., -1] = False  # the most likely token always stays
+        removed |= drop.scatter(-1, idx, drop)
+    if keep is not None:
+        removed.scatter_(-1, keep.reshape(-1, 1), False)
+    z.masked_fill_(removed, torch.finfo(z.dtype).min)
+    return removed
 
 
 def _chunk_forward(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
@@ -73,8 +111,9 @@ class _LogProbEntropy(torch.autograd.Function):
     """(..., V) logits, (...) labels -> logp (N,) [, entropy (N,)] in row chunks."""
 
     @staticmethod
-    def forward(ctx, logits, labels, temperature, with_entropy, chunk_rows):
+    def forward(ctx, logits, labels, temperature, with_entropy, chunk_rows, top_k=0, top_p=1.0):
         acc = _acc_dtype(logits.dtype)
+        filt = filter_active(logits.shape[-1], top_k, top_p)
         labels = labels.reshape(-1)
         N = labels.numel()
         lse = torch.empty(N, dtype=acc, device=logits.device)
@@ -83,16 +122,18 @@ class _LogProbEntropy(torch.autograd.Function):
         start = 0
         for block in _row_blocks(logits):
             for s in range(0, block.shape[0], chunk_rows):
-                z = block[s : s + chunk_rows].to(acc)
+                z = block[s : s + chunk_rows].to(acc, copy=filt)  # the filter writes into z
                 if temperature != 1.0:
                     z = z / temperature
                 sl = slice(start + s, start + s + z.shape[0])
+                if filt:
+                    sampling_filter_(z, top_k, top_p, labels[sl])
                 lse[sl], logp[sl], e = _chunk_forward(z, labels[sl], with_entropy)
                 if with_entropy:
                     ent[sl] = e
             start += block.shape[0]
         ctx.save_for_backward(logits, labels, lse, ent)
-        ctx.temperature, ctx.chunk_rows = temperature, chunk_rows
+        ctx.temperature, ctx.chunk_rows, ctx.top_k, ctx.top_p = temperature, chunk_rows, top_k, top_p
         return (logp, ent) if with_entropy else logp
 
     @staticmethod
@@ -116,11 +157,14 @@ class _LogProbEntropy(torch.autograd.Function):
                     buf = src.to(acc) / T if T != 1.0 else src.to(acc)
                 e = None if ent is None else ent[sl]
                 ge = None if g_ent is None else g_ent[sl]
+                removed = sampling_filter_(buf, ctx.top_k, ctx.top_p, labels[sl])
                 buf = _chunk_grad_(buf, lse[sl], e, labels[sl], g_logp[sl], ge, T)
+                if removed is not None:  # filtered logits get no gradient (and no 0 * lowest)
+                    buf.masked_fill_(removed, 0.0)
                 if buf.data_ptr() != dst.data_ptr():
                     dst.copy_(buf)
             start += block.shape[0]
-        return grad, None, None, None, None
+        return grad, None, None, None, None, None, None
 
 
 def _rows_for(V: int, chunk_size: int | None) -> int:
@@ -128,28 +172,31 @@ def _rows_for(V: int, chunk_size: int | None) -> int:
 
 
 def logprobs_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None,
+    top_k: int = 0, top_p: float = 1.0,
 ) -> torch.Tensor:
-    """log softmax(logits / T)[labels]. logits (..., V), labels (...) int64 -> (...).
+    """log softmax(filter(logits / T))[labels]. logits (..., V), labels (...) int64 -> (...).
 
     Output dtype: fp32 for half/bf16 logits, else the logits' dtype. chunk_size: rows per
-    chunk (None -> about 1M elements per chunk).
+    chunk (None -> about 1M elements per chunk). top_k / top_p: `sampling_filter_`.
     """
     rows = _rows_for(logits.shape[-1], chunk_size)
-    logp = _LogProbEntropy.apply(logits, labels, float(temperature), False, rows)
+    logp = _LogProbEntropy.apply(logits, labels, float(temperature), False, rows, int(top_k), float(top_p))
     return logp.view(labels.shape)
 
 
 def logprobs_and_entropy_from_logits(
-    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None
+    logits: torch.Tensor, labels: torch.Tensor, temperature: float = 1.0, chunk_size: int | None = None,
+    top_k: int = 0, top_p: float = 1.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Both log-probs and entropies in one pass. (..., V), (...) -> ((...), (...)).
 
     Use this rather than two separate calls when both need gradients: one backward writes one
-    (N, V) gradient buffer instead of two that autograd would then add.
+    (N, V) gradient buffer instead of two that autograd would then add. The entropy is that of
+    the filtered distribution when top_k / top_p are set (the one the rollout sampled from).
     """
     rows = _rows_for(logits.shape[-1], chunk_size)
-    logp, ent = _LogProbEntropy.apply(logits, labels, float(temperature), True, rows)
+    logp, ent = _LogProbEntropy.apply(logits, labels, float(temperature), True, rows, int(top_k), float(top_p))
     return logp.view(labels.shape), ent.view(labels.shape)
 
 
