@@ -32,8 +32,8 @@ def as_root_forward(model, fn, *args, **kwargs):
 
 
 def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperature: float = 1.0,
-                   with_entropy: bool = False, fused: bool = True,
-                   chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   with_entropy: bool = False, fused: bool = True, chunk_size: int | None = None,
+                   top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (M,) of `labels` (M,) and entropies (M,) or None: the one model-to-log-prob
     path of every trainer. `fwd` are the model's inputs (input_ids, attention_mask,
     position_ids); `select` maps the model's (..., X) output (hidden states or logits) to the
@@ -43,6 +43,7 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     `chunk_size` tokens (0/None: sized by a memory budget), so no (M, V) logits exist at once.
     Otherwise the model's own forward gives the logits (heads with a bias always go this way).
     Both run as a root forward (`as_root_forward`), so FSDP gathers the head for them.
+    top_k / top_p: the rollout's sampling filter (algos.logprobs.sampling_filter_; 0 / 1: none).
     """
     backbone, head = _lm_parts(model)
     use_fused = fused and getattr(head, "bias", None) is None
@@ -53,18 +54,20 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
 
             h = select(backbone(**fwd, use_cache=False).last_hidden_state)  # (M, H)
             return fused_logprobs_from_hidden(h, head.weight, labels, temperature=temperature,
-                                              chunk_size=chunk_size, return_entropy=with_entropy)
+                                              chunk_size=chunk_size, return_entropy=with_entropy,
+                                              top_k=top_k, top_p=top_p)
         logits = select(model(**fwd, use_cache=False).logits)  # (M, V)
         if with_entropy:  # one custom backward for both: one (M, V) gradient, not two
-            return logprobs_and_entropy_from_logits(logits, labels, temperature, chunk_size or None)
-        return logprobs_from_logits(logits, labels, temperature, chunk_size or None), None
+            return logprobs_and_entropy_from_logits(logits, labels, temperature, chunk_size or None, top_k, top_p)
+        return logprobs_from_logits(logits, labels, temperature, chunk_size or None, top_k, top_p), None
 
     return as_root_forward(model, run, **fwd)
 
 
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                       temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
-                      chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      chunk_size: int | None = None, top_k: int = 0,
+                      top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last `response_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: (B, L). Returns log_probs (B, T) and entropy (B, T) or None
@@ -74,7 +77,7 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
     logp, ent = token_logprobs(model, fwd, lambda x: x[:, -T - 1:-1].reshape(B * T, x.shape[-1]),
                                input_ids[:, -T:].reshape(-1), temperature=temperature, with_entropy=with_entropy,
-                               fused=fused, chunk_size=chunk_size)
+                               fused=fused, chunk_size=chunk_size, top_k=top_k, top_p=top_p)
     return logp.view(B, T), (ent.view(B, T) if ent is not None else None)
 
 

@@ -162,7 +162,8 @@ def _scatter(sel: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 
 def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                              temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
-                             chunk_size: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                             chunk_size: int | None = None, top_k: int = 0,
+                             top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Same contract as `forward.response_logprobs` (B, L) -> (B, T), computed on packed rows.
     Positions that are not real response tokens hold 0 (the padded path leaves garbage there;
     both are masked downstream)."""
@@ -170,7 +171,8 @@ def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: tor
     sel, src, labels = _response_gather(p, input_ids, response_len)
     fwd = dict(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids)
     logp, ent = token_logprobs(model, fwd, lambda x: x.reshape(-1, x.shape[-1])[src], labels,
-                               temperature=temperature, with_entropy=with_entropy, fused=fused, chunk_size=chunk_size)
+                               temperature=temperature, with_entropy=with_entropy, fused=fused, chunk_size=chunk_size,
+                               top_k=top_k, top_p=top_p)
     return _scatter(sel, logp), (_scatter(sel, ent) if ent is not None else None)
 
 
