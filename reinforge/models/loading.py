@@ -2,7 +2,9 @@
 reference copy, the critic (the same backbone as a token classifier with one label, seed 000),
 and a sequence-classification reward model.
 
-Nothing is downloaded: every path must be a local folder (`local_files_only=True`).
+Each loader takes a local folder or a Hub id (`org/name[@revision]`, resolved to its snapshot in
+the Hugging Face cache by reinforge.models.hub); transformers itself never downloads
+(`local_files_only=True`).
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ from transformers import (
 )
 
 from reinforge.models.checks import ModelLoadError, check_tokenizer_files, corrupt_weight_file
+from reinforge.models.hub import resolve_model_path
 
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -32,11 +35,14 @@ def resolve_dtype(name: str, device: str) -> torch.dtype:
     return DTYPES[name]
 
 
-def _check_folder(path: str) -> None:
+def _check_folder(path: str) -> str:
+    """The local model folder of `path` (a folder or a Hub id); ModelLoadError if it has no config.json."""
+    path = resolve_model_path(path, "model path")
     if not path or not Path(path).is_dir():
         raise ModelLoadError(f"model folder {path!r} does not exist")
     if not (Path(path) / "config.json").exists():
         raise ModelLoadError(f"{path!r} is not a Hugging Face model folder (no config.json)")
+    return path
 
 
 def _from_pretrained(load, path: str, *args, **kwargs):
@@ -56,6 +62,7 @@ def _from_pretrained(load, path: str, *args, **kwargs):
 
 def load_tokenizer(path: str, trust_remote_code: bool = False):
     """Tokenizer with a pad token (EOS when the model has none) and left padding for generation."""
+    path = resolve_model_path(path, "tokenizer path")
     if not path or not Path(path).is_dir():
         raise ModelLoadError(f"tokenizer folder {path!r} does not exist")
     check_tokenizer_files(path, "tokenizer folder", trust_remote_code)
@@ -87,7 +94,7 @@ def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu", gradi
                    trust_remote_code: bool = False, attn_implementation: str = "sdpa",
                    train: bool = True) -> PreTrainedModel:
     """Actor (train=True) or reference (train=False: eval mode, no gradients)."""
-    _check_folder(path)
+    path = _check_folder(path)
     model = _from_pretrained(
         AutoModelForCausalLM.from_pretrained, path, dtype=resolve_dtype(dtype, device),
         trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, local_files_only=True)
@@ -104,7 +111,7 @@ def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient
     `reinit_head`: the RM already maps the last hidden state to a scalar on the reward's scale,
     which is a better start for a value than a random head (seed 004, critic initialisation).
     """
-    _check_folder(path)
+    path = _check_folder(path)
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
     arch = (config.architectures or [""])[0]
     # A reward model's head, or a pretrained critic's (VAPO value pretraining), is kept.
@@ -128,11 +135,13 @@ def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient
     return _finish(model, device, gradient_checkpointing, True)
 
 
-def load_reward_model(path: str, *, dtype: str = "auto", device: str = "cpu",
-                      trust_remote_code: bool = False) -> PreTrainedModel:
-    """A frozen sequence classifier with one label (Bradley-Terry reward model)."""
-    _check_folder(path)
+def load_reward_model(path: str, *, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False,
+                      attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
+                      train: bool = False) -> PreTrainedModel:
+    """A sequence classifier with one label (Bradley-Terry reward model): frozen for scoring, or
+    trainable (`train`, reinforge rm: from a causal LM the backbone loads and the head is new)."""
+    path = _check_folder(path)
     model = _from_pretrained(
         AutoModelForSequenceClassification.from_pretrained, path, num_labels=1, dtype=resolve_dtype(dtype, device),
-        trust_remote_code=trust_remote_code, local_files_only=True)
-    return _finish(model, device, False, False)
+        trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, local_files_only=True)
+    return _finish(model, device, gradient_checkpointing and train, train)

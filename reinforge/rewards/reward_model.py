@@ -19,14 +19,14 @@ class RewardModelScorer:
     """
 
     def __init__(self, model_path: str, tokenizer=None, device: str | torch.device = "cpu", batch_size: int = 16,
-                 dtype: torch.dtype | None = None):
-        from transformers import AutoModelForSequenceClassification, AutoTokenizer
+                 dtype: str = "auto"):
+        from reinforge.models.loading import load_reward_model, load_tokenizer
 
         if tokenizer is None or isinstance(tokenizer, str):  # a path, or None: the model folder's own
-            tokenizer = AutoTokenizer.from_pretrained(tokenizer or model_path)
+            tokenizer = load_tokenizer(tokenizer or model_path)
         self.tokenizer = tokenizer
-        self.model = AutoModelForSequenceClassification.from_pretrained(model_path, num_labels=1, dtype=dtype)
-        self.model.to(device).eval()
+        # dtype: a model.dtype name ("auto": fp32 on CPU, bf16 on GPU); the model is frozen, in eval mode.
+        self.model = load_reward_model(model_path, dtype=dtype, device=str(device))
         self.device, self.batch_size = torch.device(device), batch_size
         self.pad_id = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
         if self.pad_id is None:

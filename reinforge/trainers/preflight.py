@@ -2,6 +2,8 @@
 constructor runs it first, so the CLI and a Python user get the same one-line errors before any
 model loads. A failure leaves the run directory untouched.
 
+0. Hub ids among the model paths (`org/name[@revision]`) resolved to their local snapshot
+   folders, in place (reinforge.models.hub), so that every later check reads files on disk;
 1. the config's own rules: validate / validate_sft / validate_preference (ranges, names,
    batch sizes, data files exist; fills cfg.derived);
 2. the model folders' files: config.json, safetensors headers against file sizes, tokenizer
@@ -14,6 +16,7 @@ from __future__ import annotations
 from reinforge.config.load import ConfigError
 from reinforge.config.validate import check_model_path
 from reinforge.models.checks import check_model_files, check_tokenizer_files, missing_modules, weight_names
+from reinforge.models.hub import resolve_model_paths
 
 
 def _validate(cfg) -> None:
@@ -79,7 +82,10 @@ def check_lora_targets(cfg) -> None:
 def preflight(cfg):
     """Check `cfg` (RL, SFT, DPO or RM) and every file it names without building a model;
     raises ConfigError, DataError or ModelLoadError. Returns the same (validated) config."""
+    hub_ids = resolve_model_paths(cfg)
     _validate(cfg)
+    if hub_ids:  # recorded in config.yaml next to the snapshot folders that replaced them
+        cfg.derived["hub_ids"] = hub_ids
     folders = model_folders(cfg)
     for key, folder in folders:
         check_model_path(folder, key)

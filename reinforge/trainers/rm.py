@@ -18,29 +18,20 @@ import torch
 from reinforge.algos.preference import bradley_terry_loss
 from reinforge.config.preference import RMConfig
 from reinforge.models.forward import position_ids_from_mask
-from reinforge.models.loading import resolve_dtype
+from reinforge.models.loading import load_reward_model
 from reinforge.seeding import seed_everything
 from reinforge.trainers.preference_common import PairTrainer, load_inputs, pair_tensors
 
 
 def load_rm_for_training(path: str, tokenizer, model_cfg, device: str):
     """A trainable one-label sequence classifier on the backbone at `path` (head new unless an RM)."""
-    from transformers import AutoModelForSequenceClassification
-
-    from reinforge.config.validate import check_model_path
-
-    check_model_path(path, "model.path")
-    model = AutoModelForSequenceClassification.from_pretrained(
-        path, num_labels=1, dtype=resolve_dtype(model_cfg.dtype, device), trust_remote_code=model_cfg.trust_remote_code,
-        attn_implementation=model_cfg.attn_implementation, local_files_only=True)
+    model = load_reward_model(path, dtype=model_cfg.dtype, device=device, trust_remote_code=model_cfg.trust_remote_code,
+                              attn_implementation=model_cfg.attn_implementation,
+                              gradient_checkpointing=model_cfg.gradient_checkpointing, train=True)
     # HF's own pooling (used by other tools loading the export) needs the pad id to find the end.
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.classifier_dropout = 0.0
-    model.to(device)
-    if model_cfg.gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
-    return model.train()
+    return model
 
 
 def sequence_rewards(model, batch: dict, score_eos: bool) -> torch.Tensor:

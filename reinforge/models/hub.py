@@ -1,0 +1,111 @@
+"""Hugging Face Hub ids as model paths: `org/name` or `org/name@revision` (a branch, tag or commit)
+resolved once, before any check, to the snapshot folder in the Hugging Face cache.
+
+A path that exists on disk is always a local folder, even when it is spelled like an id. The
+cache is huggingface_hub's (HF_HOME, HF_HUB_CACHE); with HF_HUB_OFFLINE=1 nothing is fetched and
+a model missing from the cache is one ConfigError naming the key and the id. Only what a PyTorch
+load reads is downloaded: config, tokenizer files and the safetensors weights (pickled `.bin`
+weights only for a repository that has no safetensors).
+"""
+from __future__ import annotations
+
+import os
+import re
+from typing import Optional
+
+from reinforge.config.load import ConfigError
+
+# org/name, then an optional @revision; names are those the Hub allows (letters, digits, - _ .).
+HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))?")
+# Formats a PyTorch load never reads: TensorFlow, Flax, ONNX, GGUF, Core ML, the original
+# (non-HF) checkpoints some repositories ship next to the HF ones.
+OTHER_FORMATS = ["*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.gguf", "*.ot", "*.tflite", "*.mlmodel",
+                 "*.mlpackage/*", "onnx/*", "original/*", "coreml/*"]
+PICKLED = ["*.bin", "*.pt", "*.pth"]
+MODEL_PATH_KEYS = ("model.path", "model.tokenizer_path", "critic.model_path", "reward.reward_model_path",
+                   "dpo.ref_model_path")
+
+
+def split_hub_id(spec: str) -> Optional[tuple[str, Optional[str]]]:
+    """("org/name", revision or None) when `spec` is spelled like a Hub id, else None."""
+    m = HUB_ID.fullmatch(spec or "")
+    return (m["repo"], m["rev"]) if m else None
+
+
+def _download(repo: str, revision: Optional[str], offline: bool) -> str:
+    """The snapshot folder of `repo` at `revision` (downloaded unless `offline`)."""
+    from huggingface_hub import HfApi, snapshot_download
+    from huggingface_hub.errors import (IncompleteSnapshotError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    if offline:
+        # Which weights were fetched is not known offline: a safetensors snapshot first, then one
+        # with the pickled weights of a repository that has no safetensors.
+        try:
+            return snapshot_download(repo, revision=revision, local_files_only=True,
+                                     ignore_patterns=OTHER_FORMATS + PICKLED)
+        except IncompleteSnapshotError:
+            return snapshot_download(repo, revision=revision, local_files_only=True, ignore_patterns=OTHER_FORMATS)
+    try:
+        files = HfApi().list_repo_files(repo, revision=revision)
+    except (RepositoryNotFoundError, RevisionNotFoundError):
+        raise
+    except Exception as exc:  # no network, proxy, Hub down (httpx and HTTP errors): try the cache
+        try:
+            return _download(repo, revision, offline=True)
+        except LocalEntryNotFoundError:
+            first = (str(exc).strip().splitlines() or [""])[0]
+            raise LocalEntryNotFoundError(f"the Hub cannot be reached ({type(exc).__name__}: {first})") from None
+    pickled = [] if any(f.endswith(".safetensors") for f in files) else PICKLED
+    ignore = OTHER_FORMATS + [p for p in PICKLED if p not in pickled]
+    return snapshot_download(repo, revision=revision, ignore_patterns=ignore)
+
+
+def resolve_model_path(path: str, key: str) -> str:
+    """`path` itself when it exists or is not spelled like a Hub id (later checks say what is
+    wrong with it), else the local snapshot folder of that Hub model. ConfigError naming `key`
+    when the model cannot be had: not cached while offline, not on the Hub, gated, no network."""
+    parsed = split_hub_id(path)
+    if not path or os.path.exists(path) or parsed is None:
+        return path
+    from huggingface_hub import constants
+    from huggingface_hub.errors import (GatedRepoError, LocalEntryNotFoundError, RepositoryNotFoundError,
+                                        RevisionNotFoundError)
+
+    repo, revision = parsed
+    at = f"{key}={path!r}: no such folder, and Hub model {repo!r}" + (f" at revision {revision!r}" if revision else "")
+    offline = constants.HF_HUB_OFFLINE
+    try:
+        return _download(repo, revision, offline)
+    except GatedRepoError:
+        raise ConfigError(f"{at} is gated: accept its terms on https://huggingface.co/{repo} and log in "
+                          "(`hf auth login` or HF_TOKEN)") from None
+    except RepositoryNotFoundError:
+        raise ConfigError(f"{at} is not on the Hub (or is private: log in with `hf auth login` or set "
+                          "HF_TOKEN); check the spelling, or give a local model folder") from None
+    except RevisionNotFoundError:
+        raise ConfigError(f"{at}: the revision does not exist; give a branch, tag or commit of the repository") from None
+    except (LocalEntryNotFoundError, OSError) as exc:
+        if offline:
+            raise ConfigError(f"{at} is not in the Hugging Face cache ({constants.HF_HUB_CACHE}) and HF_HUB_OFFLINE=1: "
+                              f"download it once online (`hf download {repo}`), point HF_HUB_CACHE at the cache "
+                              "that holds it, or give a local folder") from None
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ConfigError(f"{at} could not be downloaded and is not cached ({first}); "
+                          "check the network, or give a local folder") from None
+
+
+def resolve_model_paths(cfg) -> dict[str, str]:
+    """Replace each Hub id among the config's model paths (MODEL_PATH_KEYS that the config has)
+    by its local snapshot folder, in place. Returns {dotted key: the Hub id it was}."""
+    resolved = {}
+    for key in MODEL_PATH_KEYS:
+        section, name = key.split(".")
+        obj = getattr(cfg, section, None)
+        value = getattr(obj, name, None) if obj is not None else None
+        if isinstance(value, str) and value:
+            folder = resolve_model_path(value, key)
+            if folder != value:
+                setattr(obj, name, folder)
+                resolved[key] = value
+    return resolved

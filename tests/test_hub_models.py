@@ -1,0 +1,114 @@
+"""Hub ids as model paths (reinforge.models.hub), without network: a fake Hugging Face cache
+(models--org--name/snapshots/<sha>/ + refs/main, the layout huggingface_hub writes) under tmp,
+read with HF_HUB_OFFLINE=1."""
+from __future__ import annotations
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from reinforge.config.load import ConfigError
+from reinforge.models.hub import resolve_model_path, split_hub_id
+
+SHA = "0123456789abcdef0123456789abcdef01234567"
+
+
+@pytest.fixture(scope="module")
+def hub_cache(tmp_path_factory, tiny_model_dir) -> Path:
+    """A cache holding the tiny model as `org/tiny` (main = SHA)."""
+    cache = tmp_path_factory.mktemp("hf_cache")
+    repo = cache / "models--org--tiny"
+    shutil.copytree(tiny_model_dir, repo / "snapshots" / SHA)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(SHA)
+    return cache
+
+
+@pytest.fixture
+def offline(monkeypatch, hub_cache):
+    """huggingface_hub reads HF_HUB_OFFLINE / HF_HUB_CACHE at import: patch its constants too."""
+    from huggingface_hub import constants
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+    return hub_cache
+
+
+def test_split_hub_id():
+    assert split_hub_id("Qwen/Qwen2.5-0.5B-Instruct") == ("Qwen/Qwen2.5-0.5B-Instruct", None)
+    assert split_hub_id("org/name@v1.0") == ("org/name", "v1.0")
+    assert split_hub_id(f"org/name@{SHA}") == ("org/name", SHA)
+    assert split_hub_id("org/name@refs/pr/3") == ("org/name", "refs/pr/3")
+    for not_an_id in ("runs/sft/hf", "/abs/folder", "./org/name", "model", "", "org/", "org/name@"):
+        assert split_hub_id(not_an_id) is None, not_an_id
+
+
+def test_resolves_from_the_cache_offline(offline):
+    snapshot = str(offline / "models--org--tiny" / "snapshots" / SHA)
+    assert resolve_model_path("org/tiny", "model.path") == snapshot
+    assert resolve_model_path(f"org/tiny@{SHA}", "model.path") == snapshot
+
+
+def test_existing_local_folder_wins(offline, tmp_path, monkeypatch):
+    (tmp_path / "org" / "tiny").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    assert resolve_model_path("org/tiny", "model.path") == "org/tiny"
+
+
+def test_missing_id_offline_is_one_line_error(offline):
+    with pytest.raises(ConfigError) as err:
+        resolve_model_path("org/absent@v2", "critic.model_path")
+    msg = str(err.value)
+    assert "\n" not in msg
+    assert msg.startswith("critic.model_path='org/absent@v2': no such folder, and Hub model 'org/absent' at "
+                          "revision 'v2' is not in the Hugging Face cache")
+    assert "HF_HUB_OFFLINE=1" in msg and "hf download org/absent" in msg
+
+
+def test_sft_trains_from_a_hub_id(offline, arith_data, tmp_path):
+    """model.path=org/tiny: preflight resolves it, the trainer loads it, config.yaml records both."""
+    import yaml
+
+    from reinforge.config.load import load_config
+    from reinforge.config.sft import SFTConfig
+    from reinforge.trainers.sft import SFTTrainer
+
+    over = {"model.path": "org/tiny", "data.train_files": f"[{arith_data['sft']}]", "data.max_length": 16,
+            "data.batch_size": 4, "optim.total_steps": 1, "trainer.run_dir": str(tmp_path / "run"),
+            "trainer.loggers": "[jsonl]", "trainer.progress": False}
+    cfg = load_config(SFTConfig, "sft", [f"{k}={v}" for k, v in over.items()])
+    trainer = SFTTrainer(cfg)
+    assert cfg.model.path == str(offline / "models--org--tiny" / "snapshots" / SHA)
+    trainer.fit()
+    saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    assert saved["derived"]["hub_ids"] == {"model.path": "org/tiny"}
+
+
+RESOLVE = """
+import sys
+from reinforge.config.load import ConfigError
+from reinforge.models.hub import resolve_model_path
+for spec in sys.argv[1:]:
+    try:
+        print(resolve_model_path(spec, "model.path"))
+    except ConfigError as exc:
+        print(exc)
+"""
+
+
+def test_environment_variables_honoured(hub_cache, tmp_path):
+    """HF_HUB_OFFLINE=1 and HF_HUB_CACHE set in the environment of a fresh interpreter (as a user
+    sets them for the CLI) are what the resolver reads: no monkeypatching."""
+    env = {"HF_HUB_OFFLINE": "1", "HF_HUB_CACHE": str(hub_cache), "PATH": "/usr/bin:/bin"}
+    out = subprocess.run([sys.executable, "-c", RESOLVE, "org/tiny", "org/absent"], capture_output=True,
+                         text=True, timeout=120, env=env, cwd=tmp_path)
+    assert out.returncode == 0, out.stderr
+    found, missing = out.stdout.strip().splitlines()
+    assert found == str(hub_cache / "models--org--tiny" / "snapshots" / SHA)
+    assert missing.startswith("model.path='org/absent': no such folder, and Hub model 'org/absent' is not in the "
+                              f"Hugging Face cache ({hub_cache}) and HF_HUB_OFFLINE=1"), missing
