@@ -88,7 +88,7 @@ class RLTrainer(TrainingLoop):
                 b_batch, b_metrics = stages.greedy_baseline(batch, self.rollout, self.reward)
             batch, metrics = batch | b_batch, {**metrics, **b_metrics}
         # vLLM's correction compares the two; a frozen actor has no update pass to report entropy
-        if not self.on_policy or self.actor_frozen or "rollout_log_probs" in batch:
+        if not self.on_policy or self.actor_frozen or "tis_cap" in batch.meta:
             with self.timer("old_log_prob"):
                 batch = batch | self.actor.log_probs(batch)
         if self.reference is not None:
