@@ -109,10 +109,15 @@ def check_data_files(train_files: Sequence[str], others: Optional[dict[str, Sequ
             need(Path(f).is_file(), f"{key}[{i}]={f!r} is a folder; give the {kind}s in it")
 
 
+REWARD_KEYS = ("name", "weight", "style")
+REWARD_STYLES = ("auto", "reinforge", "verl", "trl")  # reinforge.rewards.styles.STYLES, and auto (detect)
+
+
 def normalize_reward_functions(functions, key: str) -> list[dict]:
-    """Reward functions in their full form, [{"name": str, "weight": float}]: a plain string
-    (`reward.functions=[file.py:fn]`) stands for {name: string, weight: 1.0}. Each entry needs
-    a non-empty name and a finite weight; any other key is refused with a did-you-mean."""
+    """Reward functions in their full form, [{"name": str, "weight": float}] plus "style" where
+    given: a plain string (`reward.functions=[file.py:fn]`) stands for {name: string, weight: 1.0}.
+    Each entry needs a non-empty name and a finite weight; `style` (auto, reinforge, verl, trl)
+    forces how the function is called; any other key is refused with a did-you-mean."""
     out = []
     for i, item in enumerate(functions):
         at = f"{key}[{i}]"
@@ -120,14 +125,17 @@ def normalize_reward_functions(functions, key: str) -> list[dict]:
         need(isinstance(entry, dict), f"{at}={item!r}: give a name ('exact_match', 'file.py:fn') or "
                                       "{name: ..., weight: ...}")
         for k in entry:
-            close = did_you_mean(k, ("name", "weight"), f"{at}.")
-            need(k in ("name", "weight"), f"{at}.{k}: unknown key; " + (close.strip() or "valid keys: name, weight"))
+            close = did_you_mean(k, REWARD_KEYS, f"{at}.")
+            need(k in REWARD_KEYS, f"{at}.{k}: unknown key; " + (close.strip() or f"valid keys: {', '.join(REWARD_KEYS)}"))
+        if "style" in entry:
+            check_choice(entry["style"], REWARD_STYLES, f"{at}.style")
         name, weight = entry.get("name"), entry.get("weight", 1.0)
         need(isinstance(name, str) and bool(name.strip()),
              f"{at}.name={name!r}: give a built-in name, 'module:fn' or 'file.py:fn'")
         need(isinstance(weight, (int, float)) and not isinstance(weight, bool) and math.isfinite(weight),
              f"{at}.weight={weight!r} must be a finite number")
-        out.append({"name": name.strip(), "weight": float(weight)})
+        out.append({"name": name.strip(), "weight": float(weight),
+                    **({"style": entry["style"]} if entry.get("style") not in (None, "auto") else {})})
     return out
 
 
@@ -135,14 +143,14 @@ def validate_supervised(cfg, num_train_examples: Optional[int] = None) -> None:
     """The checks and derived values SFT, DPO and RM share, after their own checks: the optim
     section, batch sizes, max_length and step budget; fills cfg.derived with device,
     micro_batch_size and (once the data size is known) total_steps."""
-    d, o = cfg.data, cfg.optim
+    d, o, t = cfg.data, cfg.optim, cfg.trainer
     check_adamw(o, "optim")
-    check_model_and_run(cfg.model, cfg.trainer)
-    need(o.total_steps > 0 or o.epochs > 0, "set optim.total_steps > 0 or optim.epochs > 0")
-    cfg.derived["device"] = resolve_device(cfg.trainer.device)
+    check_model_and_run(cfg.model, t)
+    need(t.total_steps > 0 or t.epochs > 0, "set trainer.total_steps > 0 or trainer.epochs > 0")
+    cfg.derived["device"] = resolve_device(t.device)
     cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
     if num_train_examples is not None:
-        cfg.derived["total_steps"] = o.total_steps or max(1, int(o.epochs * num_train_examples / d.batch_size))
+        cfg.derived["total_steps"] = t.total_steps or max(1, int(t.epochs * num_train_examples / d.batch_size))
 
 
 def validate(cfg: RLConfig) -> RLConfig:
@@ -164,7 +172,7 @@ def validate(cfg: RLConfig) -> RLConfig:
         need(name != "full", f"{key}='full' needs log-probs over the whole vocabulary; the trainer has the "
                              f"sampled tokens' only: use k1, k2, k3, abs, k1+ or k3+")
     check_name(a.kl_ctrl, kl.KL_CONTROLLERS, "algorithm.kl_ctrl")
-    check_name(r.backend, ("hf", "vllm"), "rollout.backend")
+    check_name(r.backend, ("lean", "hf", "vllm"), "rollout.backend")
     check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
     check_name(cfg.data.overlong_prompt, OVERLONG_POLICIES, "data.overlong_prompt")
     if a.adv_estimator in advantages.NEEDS_GROUPS:

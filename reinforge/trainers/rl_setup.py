@@ -65,10 +65,12 @@ def make_rollout(cfg: RLConfig, actor_model, tokenizer):
 
         return VLLMRollout(cfg, actor_model, tokenizer)
     from reinforge.workers.rollout.hf import HFRollout
+    from reinforge.workers.rollout.lean import LeanRollout
 
-    return HFRollout(actor_model, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-                     max_response_length=r.max_response_length, micro_batch_size=r.micro_batch_size,
-                     top_p=r.top_p, top_k=r.top_k)
+    return (LeanRollout if r.backend == "lean" else HFRollout)(
+        actor_model, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
+        max_response_length=r.max_response_length, micro_batch_size=r.micro_batch_size,
+        top_p=r.top_p, top_k=r.top_k, ignore_eos=r.ignore_eos)
 
 
 @dataclass
@@ -138,13 +140,10 @@ def build_ray_workers(cfg: RLConfig) -> tuple[Workers, Any]:
     return w, group
 
 
-def build_components(cfg: RLConfig) -> Components:
-    from reinforge.data import PromptLoader
-
-    preflight(cfg)  # validate, the model folders' files, the reward functions
-    check_writable(cfg.trainer.run_dir)  # before any model loads
-    device, m = cfg.derived["device"], cfg.model
-    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+def load_data(cfg: RLConfig, tok) -> tuple[Any, list]:
+    """The training prompts and the validation items (the first data.max_val_samples), read and
+    tokenized with the length rules; skipped prompts counted in cfg.derived. `reinforge train
+    --dry-run` stops after this."""
     train = load_prompts(list(cfg.data.train_files), tok, cfg)
     if len(train) < cfg.data.train_batch_size:
         raise ConfigError(f"data.train_files hold {len(train)} usable prompts, fewer than "
@@ -156,6 +155,17 @@ def build_components(cfg: RLConfig) -> Components:
     if cfg.data.val_files:
         val = load_prompts(list(cfg.data.val_files), tok, cfg)
         val_items = [val[i] for i in range(min(len(val), cfg.data.max_val_samples))]
+    return train, val_items
+
+
+def build_components(cfg: RLConfig) -> Components:
+    from reinforge.data import PromptLoader
+
+    preflight(cfg)  # validate, the model folders' files, the reward functions
+    check_writable(cfg.trainer.run_dir)  # before any model loads
+    device, m = cfg.derived["device"], cfg.model
+    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    train, val_items = load_data(cfg, tok)
     if cfg.trainer.backend == "ray":
         w, group = build_ray_workers(cfg)
         from reinforge.distributed.proxies import SyncedRollout

@@ -3,12 +3,22 @@
 Prompts are left-padded to P = data.max_prompt_length and responses right-padded to
 T = rollout.max_response_length, so batches from several generation rounds concatenate.
 The actor's module is used directly, so there are no weights to sync.
+
+Sampling is exactly the configured one: generate() fills every field a GenerationConfig leaves
+unset from `model.generation_config` (a model folder's generation_config.json: temperature,
+top_k, top_p, repetition_penalty, ...) and then from transformers' defaults (top_k=50), so the
+model's config is swapped for a blank one during the call and top_k=0 is passed explicitly.
+`rollout_log_probs` (B, T) are the log-probs of the sampled tokens under the distribution
+sampled from (temperature, top-k, top-p), recorded step by step (no (B, T, V) scores kept).
 """
 from __future__ import annotations
 
-import torch
-from transformers import GenerationConfig
+import contextlib
 
+import torch
+from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
+
+from reinforge.algos.logprobs import sampling_filter_
 from reinforge.protocol import Batch
 
 
@@ -40,40 +50,88 @@ def response_mask_from_eos(responses: torch.Tensor, eos_ids: list[int], lengths:
     return mask, ~has_eos
 
 
+class SampledLogProbs(LogitsProcessor):
+    """Records the log-prob of each sampled token under the distribution it was drawn from.
+
+    generate() runs custom processors before its own warpers, so this one sees the raw scores
+    and applies the warpers itself (temperature, then `sampling_filter_`: the same kept set as
+    TopK/TopPLogitsWarper, tested); the token drawn at a step is read at the next call (or from
+    the final sequences by `result`). Holds one (B, V) log-softmax at a time.
+    """
+
+    def __init__(self, temperature: float, top_k: int, top_p: float):
+        self.temperature, self.top_k, self.top_p = temperature, top_k, top_p
+        self.last, self.steps = None, []
+
+    def _take(self, tokens: torch.Tensor) -> None:
+        self.steps.append(self.last.gather(-1, tokens[:, None]).squeeze(-1))
+
+    def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+        if self.last is not None:
+            self._take(input_ids[:, -1])
+        z = scores.float() / self.temperature
+        sampling_filter_(z, self.top_k, self.top_p)
+        self.last = z.log_softmax(-1)
+        return scores
+
+    def result(self, sequences: torch.Tensor) -> torch.Tensor:
+        """-> (B, steps) log-probs, given generate()'s output sequences."""
+        self._take(sequences[:, -1])
+        return torch.stack(self.steps, dim=1)
+
+
+@contextlib.contextmanager
+def blank_generation_config(model):
+    """The model's generation_config replaced by a default one for the duration (looking through
+    a PEFT wrapper, which copies the inner model's config at each generate call)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    saved = inner.generation_config
+    inner.generation_config = GenerationConfig()
+    try:
+        yield
+    finally:
+        inner.generation_config = saved
+
+
 class HFRollout:
     """`generate(prompts)` -> a Batch of n samples per prompt, interleaved, with group ids."""
 
     def __init__(self, model, tokenizer, *, max_prompt_length: int, max_response_length: int,
-                 micro_batch_size: int = 256, top_p: float = 1.0, top_k: int = 0):
+                 micro_batch_size: int = 256, top_p: float = 1.0, top_k: int = 0, ignore_eos: bool = False):
         self.model, self.tok = model, tokenizer
         self.P, self.T = max_prompt_length, max_response_length
         self.micro_batch_size, self.top_p, self.top_k = micro_batch_size, top_p, top_k
-        self.eos_ids = stop_token_ids(tokenizer, model)
+        self.eos_ids, self.ignore_eos = stop_token_ids(tokenizer, model), ignore_eos
 
     def _gen_config(self, n: int, temperature: float, greedy: bool) -> GenerationConfig:
+        # Every sampling field explicit; with the model's config blanked, nothing else applies.
         kw = dict(max_new_tokens=self.T, num_return_sequences=n, pad_token_id=self.tok.pad_token_id,
-                  eos_token_id=self.eos_ids, use_cache=True)
+                  eos_token_id=None if self.ignore_eos else self.eos_ids, use_cache=True)
         if greedy:
             return GenerationConfig(do_sample=False, **kw)
-        return GenerationConfig(do_sample=True, temperature=temperature, top_p=self.top_p,
-                                top_k=self.top_k or None, **kw)
+        return GenerationConfig(do_sample=True, temperature=temperature, top_p=self.top_p, top_k=self.top_k, **kw)
 
     @torch.no_grad()
-    def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, cfg: GenerationConfig) -> torch.Tensor:
-        """(B0, P) -> responses (B0 * n, T), padded with pad_token_id."""
+    def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, greedy: bool,
+                      sampling: tuple[float, int, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B0, P) -> responses (B0 * n, T) padded with pad_token_id, and their log-probs (B0 * n, T)
+        (0 on padding) under `sampling` = (temperature, top_k, top_p)."""
         device = next(self.model.parameters()).device
         was_training = self.model.training
+        record = SampledLogProbs(*sampling)
         self.model.eval()
         try:
-            out = self.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-                                      generation_config=cfg)
+            with blank_generation_config(self.model):
+                out = self.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
+                                          generation_config=self._gen_config(n, sampling[0], greedy),
+                                          logits_processor=LogitsProcessorList([record]))
         finally:
             self.model.train(was_training)
-        resp = out[:, self.P:].cpu()
+        resp, logp = out[:, self.P:].cpu(), record.result(out).float().cpu()
         if resp.shape[1] < self.T:
             pad = torch.full((resp.shape[0], self.T - resp.shape[1]), self.tok.pad_token_id, dtype=resp.dtype)
-            resp = torch.cat([resp, pad], dim=1)
-        return resp
+            resp, logp = torch.cat([resp, pad], dim=1), torch.cat([logp, torch.zeros(pad.shape)], dim=1)
+        return resp, logp
 
     def sync_weights(self, actor_model) -> None:
         """Nothing to do: generation runs on the actor's own module."""
@@ -84,15 +142,34 @@ class HFRollout:
         input_ids / attention_mask (B, P+T), response_mask (B, T), group_ids (B,) and truncated (B,)
         bool (positions come from the attention mask wherever they are needed)."""
         ids, mask = left_pad(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
-        cfg = self._gen_config(n, temperature, greedy)
+        meta = sampling_meta(temperature, self.top_k, self.top_p, greedy)
         step = max(1, self.micro_batch_size // n)
-        resp = torch.cat([self._generate_ids(ids[i:i + step], mask[i:i + step], cfg)
-                          for i in range(0, len(ids), step)])  # (B, T)
+        parts = [self._generate_ids(ids[i:i + step], mask[i:i + step], n, greedy,
+                                    (meta["temperature"], meta["top_k"], meta["top_p"]))
+                 for i in range(0, len(ids), step)]
+        resp, logp = torch.cat([r for r, _ in parts]), torch.cat([lp for _, lp in parts])  # (B, T) each
         # generate() pads a row only after it emitted EOS, and a row without EOS ran to T tokens,
         # so every position up to the first EOS (or all T) was really generated.
-        response_mask, truncated = response_mask_from_eos(resp, self.eos_ids, torch.full((len(resp),), self.T))
-        return assemble_rollout(prompts, ids, mask, resp, response_mask, truncated, n,
-                                {"temperature": 1.0 if greedy else temperature})
+        response_mask, truncated = finish_masks(resp, self.eos_ids, torch.full((len(resp),), self.T), self.ignore_eos)
+        return assemble_rollout(prompts, ids, mask, resp, response_mask, truncated, n, meta,
+                                {"rollout_log_probs": logp * response_mask})
+
+
+def sampling_meta(temperature: float, top_k: int, top_p: float, greedy: bool) -> dict:
+    """The batch meta every backend records: the distribution the log-probs are computed under
+    (greedy batches are scored under the plain softmax)."""
+    if greedy:
+        return {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
+    return {"temperature": temperature, "top_k": top_k, "top_p": top_p}
+
+
+def finish_masks(responses: torch.Tensor, eos_ids: list[int], lengths: torch.Tensor,
+                 ignore_eos: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """`response_mask_from_eos`, or with ignore_eos (EOS was not a stop token, every row ran to
+    T tokens) all T tokens kept and every row marked truncated."""
+    if ignore_eos:
+        return torch.ones_like(responses), torch.ones(len(responses), dtype=torch.bool)
+    return response_mask_from_eos(responses, eos_ids, lengths)
 
 
 def stop_token_ids(tokenizer, model) -> list[int]:

@@ -5,8 +5,9 @@ offline API (`LLM`, `SamplingParams`, `LLM.generate` with token-id prompts, `LLM
 `scripts/gpu_vllm_check.py` exercises it on a GPU machine. Import is lazy: `vllm` is the
 optional extra `pip install 'reinforge[vllm]'`.
 
-- Sampling parameters come from the rollout config (n, temperature, top_p, top_k, max tokens,
-  EOS ids); greedy validation uses temperature 0.
+- Sampling parameters come from the rollout config (n, temperature, top_p, top_k (0 -> -1: off),
+  max tokens, EOS ids, ignore_eos); greedy validation uses temperature 0. The batch meta records
+  temperature, top_k and top_p, so the trainer's log-probs use the same filtered distribution.
 - `rollout_log_probs` (B, T): vLLM's log-prob of every sampled token, after temperature
   (`logprobs_mode="processed_logprobs"`), i.e. the same quantity the trainer recomputes.
 - `sync_weights(actor_model)`: after every update the actor's weights (LoRA merged) are loaded
@@ -26,7 +27,7 @@ import torch
 
 from reinforge.algos.masked import masked_mean
 from reinforge.protocol import Batch
-from reinforge.workers.rollout.hf import assemble_rollout, left_pad, response_mask_from_eos, stop_token_ids
+from reinforge.workers.rollout.hf import assemble_rollout, finish_masks, left_pad, sampling_meta, stop_token_ids
 
 
 def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
@@ -85,7 +86,8 @@ class VLLMRollout:
 
         return SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else self.r.top_p,
                               top_k=-1 if greedy or not self.r.top_k else self.r.top_k, max_tokens=self.T,
-                              stop_token_ids=self.eos_ids, logprobs=0, detokenize=False)
+                              stop_token_ids=[] if self.r.ignore_eos else self.eos_ids, ignore_eos=self.r.ignore_eos,
+                              logprobs=0, detokenize=False)
 
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
 
@@ -100,10 +102,10 @@ class VLLMRollout:
                 resp[row, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
                 rlp[row, :len(ids)] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, ids)])
                 lengths[row] = max(len(ids), 1)
-        response_mask, truncated = response_mask_from_eos(resp, self.eos_ids, lengths)
+        response_mask, truncated = finish_masks(resp, self.eos_ids, lengths, self.r.ignore_eos)
         ids, mask = left_pad(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
         return assemble_rollout(prompts, ids, mask, resp, response_mask, truncated, n,
-                                {"temperature": 1.0 if greedy else temperature, "tis_cap": self.r.tis_cap},
+                                {**sampling_meta(temperature, self.r.top_k, self.r.top_p, greedy), "tis_cap": self.r.tis_cap},
                                 {"rollout_log_probs": rlp * response_mask})
 
 

@@ -1,0 +1,150 @@
+"""A lean decoding loop (`rollout.backend: lean`): the HF model's own layers, no generate().
+
+transformers' generate() pays, at every token, for its logits processors, stopping criteria,
+cache classes and the attention-mask builders. Decoding here calls the model's embedding,
+rotary embedding, decoder layers, final norm and LM head directly (so the module's own
+parameters, LoRA layers included, are used: nothing to copy or sync), with:
+- a static KV cache preallocated for P + T positions, handed to each attention module as its
+  `cache` (the `update(k, v, layer_idx)` contract), so a step appends in place;
+- prefix sharing: each prompt is prefilled once and its cache repeated for its n samples;
+- sampling on tensors: temperature, `sampling_filter_` (top-k, top-p) and one multinomial
+  draw; the log-prob of the drawn token comes from the same log-softmax (`rollout_log_probs`);
+- finished rows dropped from the batch (cache, mask and positions compacted).
+Qwen2 / Qwen3 / Llama configs with full attention only (their decoder layers share one call
+signature); other architectures fall back to HFRollout's generate(). Same Batch as HFRollout.
+
+Shapes: B0 prompts, n samples each, b rows still decoding, P prompt, T response, S = P + T,
+Hk key/value heads, D head dim, V vocabulary.
+"""
+from __future__ import annotations
+
+import torch
+
+from reinforge.algos.logprobs import sampling_filter_
+from reinforge.workers.rollout.hf import HFRollout
+
+SUPPORTED = ("qwen2", "qwen3", "llama")
+
+
+def lean_supported(model) -> bool:
+    """Whether the decoder is one whose layers this loop can drive (full attention only)."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    cfg = inner.config
+    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
+    return (cfg.model_type in SUPPORTED and set(layer_types) == {"full_attention"}
+            and cfg._attn_implementation in ("sdpa", "eager") and hasattr(inner, "model"))
+
+
+class StaticCache:
+    """Keys and values (B, Hk, S, D) per layer, preallocated; `update` is what the attention
+    modules call: it writes the L new positions at `pos` and returns the filled prefix."""
+
+    def __init__(self, keys: list[torch.Tensor], values: list[torch.Tensor], pos: int = 0):
+        self.keys, self.values, self.pos = keys, values, pos
+
+    @classmethod
+    def empty(cls, n_layers: int, shape: tuple, dtype, device) -> "StaticCache":
+        return cls([torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)],
+                   [torch.zeros(shape, dtype=dtype, device=device) for _ in range(n_layers)])
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, layer_idx: int, *args, **kwargs):
+        end = self.pos + k.shape[2]
+        self.keys[layer_idx][:, :, self.pos:end] = k
+        self.values[layer_idx][:, :, self.pos:end] = v
+        return self.keys[layer_idx][:, :, :end], self.values[layer_idx][:, :, :end]
+
+    def rows(self, index: torch.Tensor) -> "StaticCache":
+        """The cache of rows `index` (a repeat for prefix sharing, a subset to drop rows)."""
+        return StaticCache([k.index_select(0, index) for k in self.keys],
+                           [v.index_select(0, index) for v in self.values], self.pos)
+
+
+class LeanRollout(HFRollout):
+    """HFRollout with the decoding loop above (generate() for unsupported architectures)."""
+
+    def __init__(self, model, tokenizer, **kw):
+        super().__init__(model, tokenizer, **kw)
+        self.lean = lean_supported(model)
+
+    def _parts(self):
+        """(inner HF causal LM, its backbone) looking through a PEFT wrapper."""
+        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        return inner, inner.model
+
+    def _forward(self, backbone, head, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
+                 cache: StaticCache) -> torch.Tensor:
+        """ids, pos (b, L); mask (b, 1, L, cache.pos + L) bool, True = attend -> last logits (b, V)."""
+        h = backbone.embed_tokens(ids)
+        rope = backbone.rotary_emb(h, pos)
+        if backbone.config._attn_implementation == "eager":  # eager adds the mask to the scores
+            mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, torch.finfo(h.dtype).min)
+        for layer in backbone.layers:
+            h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos, cache=cache)
+        cache.pos += ids.shape[1]
+        return head(backbone.norm(h[:, -1:]))[:, 0].float()
+
+    def _pick(self, logits: torch.Tensor, greedy: bool, sampling: tuple[float, int, float]):
+        """(b, V) logits -> tokens (b,) and their log-probs (b,) under the sampled distribution."""
+        temperature, top_k, top_p = sampling
+        if greedy:
+            tok = logits.argmax(-1)
+            return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
+        z = logits / temperature
+        sampling_filter_(z, top_k, top_p)
+        logp = z.log_softmax(-1)
+        tok = torch.multinomial(logp.exp(), 1)[:, 0]
+        return tok, logp.gather(-1, tok[:, None])[:, 0]
+
+    @torch.no_grad()
+    def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, greedy: bool,
+                      sampling: tuple[float, int, float]) -> tuple[torch.Tensor, torch.Tensor]:
+        if not self.lean:
+            return super()._generate_ids(prompt_ids, prompt_mask, n, greedy, sampling)
+        inner, backbone = self._parts()
+        head, was_training = inner.get_output_embeddings(), self.model.training
+        device, dtype = backbone.embed_tokens.weight.device, backbone.embed_tokens.weight.dtype
+        self.model.eval()
+        try:
+            return self._decode(backbone, head, prompt_ids.to(device), prompt_mask.to(device).bool(), n, greedy,
+                                sampling, dtype)
+        finally:
+            self.model.train(was_training)
+
+    def _decode(self, backbone, head, ids, pmask, n, greedy, sampling, dtype):
+        """(B0, P) prompts -> responses (B0 * n, T) padded with pad_token_id, log-probs (B0 * n, T)."""
+        B0, P = ids.shape
+        S, dev, cfg = P + self.T, ids.device, backbone.config
+        kv_shape = (B0, cfg.num_key_value_heads, S, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        cache = StaticCache.empty(cfg.num_hidden_layers, kv_shape, dtype, dev)
+        # Prefill: causal over real prompt tokens; a left pad attends to itself only (no empty rows).
+        keys = torch.zeros(B0, S, dtype=torch.bool, device=dev)
+        keys[:, :P] = pmask
+        causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
+        mask = (causal & pmask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)
+        pos = (pmask.long().cumsum(-1) - 1).clamp(min=0)
+        logits = self._forward(backbone, head, ids, pos, mask[:, None], cache)  # (B0, V)
+        # Prefix sharing: n rows per prompt, interleaved like generate's num_return_sequences.
+        rep = torch.arange(B0, device=dev).repeat_interleave(n)
+        cache, keys, logits = cache.rows(rep), keys[rep], logits[rep]
+        next_pos = pmask.sum(-1)[rep]  # (B,) position of the first response token
+        B = B0 * n
+        resp = torch.full((B, self.T), self.tok.pad_token_id, dtype=torch.long, device=dev)
+        logps = torch.zeros(B, self.T, device=dev)
+        rows = torch.arange(B, device=dev)  # the output row of each row still decoding
+        eos = torch.as_tensor(self.eos_ids, device=dev)
+        for t in range(self.T):
+            tok, lp = self._pick(logits, greedy, sampling)
+            resp[rows, t], logps[rows, t] = tok, lp
+            if t == self.T - 1:
+                break
+            keys[:, P + t] = True
+            if not self.ignore_eos:
+                alive = ~torch.isin(tok, eos)
+                if not alive.all():  # drop finished rows: compact everything that has a batch dim
+                    keep = alive.nonzero()[:, 0]
+                    if len(keep) == 0:
+                        break
+                    cache, keys, rows, tok, next_pos = cache.rows(keep), keys[keep], rows[keep], tok[keep], next_pos[keep]
+            logits = self._forward(backbone, head, tok[:, None], (next_pos + t)[:, None],
+                                   keys[:, None, None, :P + t + 1], cache)
+        return resp.cpu(), logps.cpu()
