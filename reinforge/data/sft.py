@@ -1,13 +1,24 @@
-"""SFT dataset (prompt/response or messages rows) and its right-padded collation."""
+"""SFT dataset and its right-padded collation. Accepted rows (TRL's schemas and reinforge's own):
+
+| columns | target (loss) tokens |
+|---|---|
+| `prompt`, `response` (text, or messages: the prompt rendered with the generation prompt, the response's last content) | the response + EOS |
+| `prompt`, `completion` as text (TRL standard) | the completion + EOS |
+| `prompt`, `completion` as messages (TRL conversational) | each assistant turn of the completion |
+| `messages` (TRL conversational language modelling) | each assistant turn after the first message |
+
+An assistant turn's target is its content and the template's end-of-turn (reinforge.data.chat_turns).
+"""
 
 from __future__ import annotations
 
 import os
 from typing import TYPE_CHECKING
 
+from reinforge.data.chat_turns import assistant_turns
 from reinforge.data.collate import pad_right
 from reinforge.data.io import DataError, ItemsDataset, require_columns, row_error
-from reinforge.data.text import check_messages, encode, nonempty_ids, render_prompt, response_text
+from reinforge.data.text import check_messages, encode, render_prompt, response_text
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
     import torch
@@ -15,36 +26,52 @@ if TYPE_CHECKING:  # torch is imported where a batch is built, not at package im
 SFT_OVERLONG = ("error", "skip", "truncate_right")
 
 
-def _prompt_and_response(row: dict, tokenizer, path: str, i: int) -> tuple[str, str]:
-    """(prompt text, response text); a `messages` row trains on its last (assistant) turn."""
-    if "messages" in row and row.get("prompt") is None:
+def _is_messages(value) -> bool:
+    return isinstance(value, (list, tuple))
+
+
+def row_pieces(row: dict, tokenizer, path: str, i: int) -> tuple[list[tuple[str, bool]], str, str]:
+    """The row as (text, is_target) pieces in order, and the names of its context and target
+    fields (for error messages), by schema (see the module's table)."""
+    if row.get("messages") is not None and row.get("prompt") is None:
         messages = check_messages(row["messages"], path, i, "messages")
-        if len(messages) < 2 or messages[-1]["role"] != "assistant":
-            raise row_error(path, i, "messages", "needs at least one message before a final 'assistant' message")
-        prompt = render_prompt(messages[:-1], tokenizer, path, i, "messages")
-        return prompt, response_text(messages[-1]["content"], path, i, "messages")
+        return assistant_turns(messages, tokenizer, path, i, "messages"), "messages", "messages"
+    if row.get("completion") is not None:
+        prompt, completion = row.get("prompt"), row["completion"]
+        if _is_messages(completion):
+            if not _is_messages(prompt):
+                raise row_error(path, i, "prompt", "the completion is a message list, so the prompt must be one too "
+                                                   "(TRL's conversational prompt/completion)")
+            prompt = check_messages(prompt, path, i, "prompt")
+            messages = prompt + check_messages(completion, path, i, "completion")
+            return assistant_turns(messages, tokenizer, path, i, "completion", first=len(prompt)), "prompt", "completion"
+        target = "completion"
+    else:
+        target = "response"
     prompt = render_prompt(row.get("prompt"), tokenizer, path, i, "prompt")
-    return prompt, response_text(row.get("response"), path, i, "response")
+    return [(prompt, False), (response_text(row.get(target), path, i, target), True)], "prompt", target
 
 
-def fit_length(ids: list[int], mask: list[int], max_length: int, policy: str, path: str, i: int):
+def fit_length(ids: list[int], mask: list[int], max_length: int, policy: str, path: str, i: int,
+               field: str):
     """Apply the overlong policy; returns (ids, mask) or None to skip the row."""
     if len(ids) <= max_length:
         return ids, mask
     if policy == "error":
-        raise row_error(path, i, "response", f"prompt + response is {len(ids)} tokens > max_length={max_length} "
+        raise row_error(path, i, field, f"the row encodes to {len(ids)} tokens > max_length={max_length} "
                         "(set data.overlong=skip or truncate_right)")
     if policy == "skip" or sum(mask[:max_length]) == 0:
-        return None  # truncation would leave no response token to learn from
+        return None  # truncation would leave no target token to learn from
     return ids[:max_length], mask[:max_length]
 
 
 class SFTDataset(ItemsDataset):
     """Items {"input_ids": list[int] (L_i,), "loss_mask": list[int] (L_i,)}.
 
-    input_ids = prompt ids + response ids + [eos]; loss_mask is 1 on the response tokens and
-    the eos (the model must learn to stop), 0 on the prompt. loss_mask[t] marks token t as a
-    target, so with next-token logits the trainer uses loss_mask[:, 1:] against input_ids[:, 1:].
+    input_ids are the row's pieces (row_pieces) encoded one by one and joined, plus an EOS when
+    the last target does not already end with one; loss_mask is 1 on target tokens (and that
+    EOS: the model must learn to stop), 0 on context. loss_mask[t] marks token t as a target, so
+    with next-token logits the trainer uses loss_mask[:, 1:] against input_ids[:, 1:].
     """
 
     def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error"):
@@ -52,16 +79,27 @@ class SFTDataset(ItemsDataset):
             raise ValueError(f"overlong must be one of {SFT_OVERLONG}, got {overlong!r}")
         rows = self._read(path, tokenizer, need_eos=True)
         if not any("messages" in row for row in rows):
-            require_columns(rows, self.path, ("prompt", "response"),
-                            "an SFT file has prompt and response columns, or messages")
-        pairs = [_prompt_and_response(row, tokenizer, self.path, i) for i, row in enumerate(rows)]
-        prompt_ids = nonempty_ids(encode(tokenizer, [p for p, _ in pairs]), self.path, "prompt")
-        response_ids = nonempty_ids(encode(tokenizer, [r for _, r in pairs]), self.path, "response")
+            target = "completion" if any("completion" in row for row in rows) else "response"
+            require_columns(rows, self.path, ("prompt", target),
+                            "an SFT file has prompt and response (or completion) columns, or messages")
+        rows_pieces = [row_pieces(row, tokenizer, self.path, i) for i, row in enumerate(rows)]
+        # One tokenizer call for every piece of every row (fast tokenizers batch in Rust).
+        flat = encode(tokenizer, [text for pieces, _, _ in rows_pieces for text, _ in pieces])
         eos = tokenizer.eos_token_id
-        self.items, self.num_skipped = [], 0
-        for i, (p, r) in enumerate(zip(prompt_ids, response_ids)):
-            ids, mask = p + r + [eos], [0] * len(p) + [1] * (len(r) + 1)
-            fitted = fit_length(ids, mask, max_length, overlong, self.path, i)
+        self.items, self.num_skipped, at = [], 0, 0
+        for i, (pieces, context_field, target_field) in enumerate(rows_pieces):
+            ids, mask = [], []
+            for (_, target), piece_ids in zip(pieces, flat[at:at + len(pieces)]):
+                ids += piece_ids
+                mask += [int(target)] * len(piece_ids)
+            at += len(pieces)
+            for field, flag in ((context_field, 0), (target_field, 1)):
+                if flag not in mask:
+                    raise row_error(self.path, i, field, "encodes to 0 tokens with this tokenizer "
+                                                         "(does its vocabulary cover the text?)")
+            if ids[-1] != eos:
+                ids, mask = ids + [eos], mask + [1]
+            fitted = fit_length(ids, mask, max_length, overlong, self.path, i, target_field)
             if fitted is None:
                 self.num_skipped += 1
                 continue

@@ -46,8 +46,8 @@ def _download(repo: str, revision: Optional[str], offline: bool) -> str:
                                      ignore_patterns=OTHER_FORMATS + PICKLED)
         except IncompleteSnapshotError:
             return snapshot_download(repo, revision=revision, local_files_only=True, ignore_patterns=OTHER_FORMATS)
-    try:
-        files = HfApi().list_repo_files(repo, revision=revision)
+    try:  # model_info makes one request (list_repo_files retries for half a minute without network)
+        files = [f.rfilename for f in HfApi().model_info(repo, revision=revision).siblings or []]
     except (RepositoryNotFoundError, RevisionNotFoundError):
         raise
     except Exception as exc:  # no network, proxy, Hub down (httpx and HTTP errors): try the cache
@@ -55,7 +55,7 @@ def _download(repo: str, revision: Optional[str], offline: bool) -> str:
             return _download(repo, revision, offline=True)
         except LocalEntryNotFoundError:
             first = (str(exc).strip().splitlines() or [""])[0]
-            raise LocalEntryNotFoundError(f"the Hub cannot be reached ({type(exc).__name__}: {first})") from None
+            raise LocalEntryNotFoundError(f"{type(exc).__name__}: {first}") from None
     pickled = [] if any(f.endswith(".safetensors") for f in files) else PICKLED
     ignore = OTHER_FORMATS + [p for p in PICKLED if p not in pickled]
     return snapshot_download(repo, revision=revision, ignore_patterns=ignore)
@@ -91,7 +91,7 @@ def resolve_model_path(path: str, key: str) -> str:
                               f"download it once online (`hf download {repo}`), point HF_HUB_CACHE at the cache "
                               "that holds it, or give a local folder") from None
         first = (str(exc).strip().splitlines() or [""])[0]
-        raise ConfigError(f"{at} could not be downloaded and is not cached ({first}); "
+        raise ConfigError(f"{at} is not in the Hugging Face cache and could not be downloaded ({first}); "
                           "check the network, or give a local folder") from None
 
 
