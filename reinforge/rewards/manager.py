@@ -1,7 +1,9 @@
-"""RewardManager: weighted reward functions run with timeouts and error containment."""
+"""RewardManager: weighted reward functions of any style, run with timeouts and error containment."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import math
 import pickle
 import sys
@@ -11,7 +13,8 @@ from typing import Any, Callable
 
 from reinforge.config.schema import RewardConfig
 from reinforge.rewards.pool import ERROR, OK, TIMEOUT, TimeoutPool
-from reinforge.rewards.registry import load_reward_fn
+from reinforge.rewards.registry import PYTHON_PREFIX, load_reward_fn
+from reinforge.rewards.styles import batch_call, calling, sample_call
 
 _DEFAULTS = RewardConfig()  # the schema holds the defaults; the manager only reads them
 
@@ -35,8 +38,12 @@ def _normalize(value: Any) -> tuple[float, dict[str, float]]:
     return float(value), extras
 
 
-def _call_in_thread(fn: Callable, args: tuple, timeout: float | None):
-    """fn(*args) in a daemon thread; TimeoutError after `timeout` seconds.
+def _error(exc: BaseException) -> tuple[str, str]:
+    return ERROR, f"{type(exc).__name__}: {exc}"
+
+
+def _call_in_thread(fn: Callable, args: tuple, kwargs: dict, timeout: float | None):
+    """fn(*args, **kwargs) in a daemon thread; TimeoutError after `timeout` seconds.
 
     A thread cannot be killed, so a hung call is abandoned. It is a daemon thread (unlike
     ThreadPoolExecutor's workers, which interpreter exit joins) so it cannot block shutdown.
@@ -45,11 +52,11 @@ def _call_in_thread(fn: Callable, args: tuple, timeout: float | None):
 
     def target():
         try:
-            box["value"] = fn(*args)
+            box["value"] = fn(*args, **kwargs)
         except BaseException as exc:  # noqa: BLE001 - re-raised in the caller
             box["error"] = exc
 
-    thread = threading.Thread(target=target, name="reward-batched", daemon=True)
+    thread = threading.Thread(target=target, name="reward-call", daemon=True)
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
@@ -59,37 +66,122 @@ def _call_in_thread(fn: Callable, args: tuple, timeout: float | None):
     return box["value"]
 
 
+class _EventLoop:
+    """One asyncio loop in a daemon thread for every `async def` reward function of a manager
+    (one loop for the run, as clients such as AsyncOpenAI expect), started on first use."""
+
+    def __init__(self):
+        self.loop = asyncio.new_event_loop()
+        self.thread = threading.Thread(target=self.loop.run_forever, name="reward-async", daemon=True)
+        self.thread.start()
+
+    def run(self, calls: list[tuple[Callable, tuple, dict]], timeout: float) -> list[tuple[str, Any]]:
+        """Await fn(*args, **kwargs) for every call concurrently, each cancelled after `timeout`.
+        A loop that stays blocked (synchronous work inside an `async def`) past the deadline
+        leaves its unfinished calls as time-outs."""
+        results: list[tuple[str, Any] | None] = [None] * len(calls)
+
+        async def one(i: int, fn: Callable, args: tuple, kwargs: dict) -> None:
+            try:
+                results[i] = (OK, await asyncio.wait_for(fn(*args, **kwargs), timeout))
+            except asyncio.TimeoutError:
+                results[i] = (TIMEOUT, f"timed out after {timeout:g}s")
+            except Exception as exc:  # noqa: BLE001 - contained and counted
+                results[i] = _error(exc)
+
+        async def gather() -> None:
+            await asyncio.gather(*(one(i, *call) for i, call in enumerate(calls)))
+
+        future = asyncio.run_coroutine_threadsafe(gather(), self.loop)
+        try:
+            future.result(timeout + 1.0)
+        except concurrent.futures.TimeoutError:
+            future.cancel()
+        return [r or (TIMEOUT, f"event loop blocked past {timeout:g}s") for r in results]
+
+    def close(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self.thread.join(timeout=1)
+        if not self.thread.is_alive():
+            self.loop.close()
+
+
+def _sendable(fn: Callable) -> str | None:
+    """None when a worker process can receive `fn`; else why not. A function of __main__ is
+    picklable by name, but a worker would re-run the user's script to find it."""
+    if getattr(fn, "__module__", None) == "__main__":
+        return "it is defined in __main__"
+    try:
+        pickle.dumps(fn)
+    except Exception as exc:  # noqa: BLE001 - lambdas, closures, local functions
+        return f"it cannot be pickled ({type(exc).__name__})"
+    return None
+
+
 class _Fn:
-    def __init__(self, spec, weight: float, names: set[str]):
+    """One configured reward function: the callable, its style and where its calls run."""
+
+    def __init__(self, spec, weight: float, style: str | None, names: set[str], num_workers: int):
         self.fn: Callable = load_reward_fn(spec)
+        self.call = calling(self.fn, style)
         self.weight = float(weight)
-        self.batched = bool(getattr(self.fn, "batched", False))
         # Built-ins that bound their own time (size caps, a parse budget) may skip the worker round trip.
         self.bounded = bool(getattr(self.fn, "bounded", False))
         base = spec if isinstance(spec, str) and ":" not in spec and "/" not in spec else getattr(self.fn, "__name__", "fn")
         base = base.rsplit(".", 1)[-1]
         self.name = base if base not in names else f"{base}_{len(names)}"
         # Workers receive the spec string (they import it themselves) or the pickled function.
-        self.ref = spec if isinstance(spec, str) else self.fn
+        by_name = isinstance(spec, str) and not spec.startswith(PYTHON_PREFIX)
+        self.ref = spec if by_name else self.fn
+        self.why_not_pooled = None
+        if self.call.is_async:
+            self.mode = "async"  # awaited concurrently on the manager's event loop
+        elif self.call.batched:
+            self.mode = "batched"  # one call a batch, in a thread
+        elif self.bounded and num_workers == 0:
+            self.mode = "inline"
+        else:
+            self.why_not_pooled = None if by_name else _sendable(self.fn)
+            self.mode = "thread" if self.why_not_pooled else "pool"
+
+
+def _parse_spec(item) -> tuple[Any, float, str | None]:
+    """(spec, weight, style) from spec | (spec, weight) | (spec, weight, style) | {name, weight, style}."""
+    if isinstance(item, dict):
+        return item["name"], item.get("weight", 1.0), item.get("style")
+    if isinstance(item, (tuple, list)):
+        return (tuple(item) + (None,))[:3] if len(item) == 2 else tuple(item)
+    return item, 1.0, None
 
 
 class RewardManager:
-    """score(prompts, responses, ground_truths, extras) -> (scores, metrics).
+    """score(prompts, responses, ground_truths, extras, completion_ids) -> (scores, metrics).
 
-    score_i = sum_f weight_f * f(prompt_i, response_i, ground_truth_i, **extras_i).
-    Per-sample functions run in `num_workers` processes, each call killed after `timeout_s`.
-    num_workers=0: functions marked `bounded = True` (the built-in verifiers, whose own caps
-    bound each call) run in this process, sequentially, with no round trip; every other
-    per-sample function still goes to one worker process, so that a call that never returns
-    is killed at `timeout_s` rather than hanging the run. Batched functions (attribute
-    `batched = True`) run in a thread with `batched_timeout_s` (default timeout_s per sample;
-    a thread cannot be killed, so a hung one is abandoned). A call that raises or times out
-    scores `default_score` and is counted in `reward/errors` / `reward/timeouts` (time-outs
-    are also reported on stderr); if more than `max_error_rate` of one function's calls in a
-    batch fail, RewardError names it and its first failure.
+    score_i = sum_f weight_f * f(sample i), each f called in its style (reinforge.rewards.styles:
+    reinforge, veRL or TRL, detected from the signature unless given). Where calls run:
+    - per-sample sync functions (reinforge, veRL) run in `num_workers` processes, each call
+      killed after `timeout_s`. num_workers=0: functions marked `bounded = True` (the built-in
+      verifiers, whose own caps bound each call) run in this process, sequentially, with no
+      round trip; every other one still goes to one worker process, so that a call that never
+      returns is killed at `timeout_s` rather than hanging the run. A function no worker can
+      receive (a lambda or closure, or one defined in __main__, which a worker would find only
+      by re-running the user's script) runs in this process, each call in a thread with
+      `timeout_s` (a thread cannot be killed: a hung call is abandoned);
+    - batched functions (TRL style, veRL's batch form, reinforge's `batched = True`) are called
+      once per batch in a thread with `batched_timeout_s` (default timeout_s per sample);
+    - `async def` functions of any style are awaited concurrently on one event loop (per-sample
+      ones: the whole batch at once), each call cancelled after `timeout_s` (batched ones:
+      `batched_timeout_s`).
+    A call that raises or times out scores `default_score` and is counted in `reward/errors` /
+    `reward/timeouts` (time-outs are also reported on stderr); if more than `max_error_rate` of
+    one function's calls in a batch fail, RewardError names it and its first failure.
+    A TRL-style function may return None for a sample it does not apply to: that term is left out
+    of the sum (a nan-aware sum, as TRL's; the other functions' weights are not rescaled), the
+    function's mean is over the samples it scored, and `reward/unscored` is the fraction of
+    samples no function scored (their score is 0).
     Defaults are RewardConfig's (reinforge.config.schema).
-    Metrics: reward/<fn>/mean, reward/<key> (mean of extra numeric keys of dict results),
-    reward/errors, reward/timeouts.
+    Metrics: reward/<fn>/mean, reward/<fn>/<key> (mean of the extra numeric keys of dict results),
+    reward/errors, reward/timeouts, reward/unscored (with a TRL-style function).
     """
 
     def __init__(
@@ -106,23 +198,22 @@ class RewardManager:
             raise ValueError("RewardManager needs at least one reward function")
         self.fns: list[_Fn] = []
         for item in specs:
-            spec, weight = item if isinstance(item, (tuple, list)) else (item, 1.0)
-            self.fns.append(_Fn(spec, weight, {f.name for f in self.fns}))
+            spec, weight, style = _parse_spec(item)
+            self.fns.append(_Fn(spec, weight, style, {f.name for f in self.fns}, num_workers))
         self.timeout_s, self.default_score, self.max_error_rate = timeout_s, default_score, max_error_rate
         self.batched_timeout_s = batched_timeout_s
         self.num_workers = num_workers
         self._pool = None
-        pooled = [f for f in self.fns if not f.batched and (num_workers > 0 or not f.bounded)]
-        for f in pooled:
-            if not isinstance(f.ref, str):
-                try:
-                    pickle.dumps(f.ref)
-                except Exception as exc:
-                    raise ValueError(
-                        f"reward function '{f.name}' cannot be sent to a worker process ({exc}), which "
-                        "its timeout needs; give it as 'module:fn' or 'file.py:fn', or, for a function "
-                        "that bounds its own time, set its attribute bounded = True (num_workers=0 only)"
-                    ) from exc
+        self._loop: _EventLoop | None = None
+        # The last batch's scores per function ({name: (B,)}, nan where a TRL-style function
+        # returned None), for logging samples.
+        self.last_scores: dict[str, list[float]] = {}
+        for f in self.fns:
+            if f.mode == "thread":
+                print(f"[reinforge] reward '{f.name}' runs in this process, each call in a thread ({f.why_not_pooled}, "
+                      f"so no worker process can run it): a call past timeout_s is abandoned, not killed; give it "
+                      f"as 'file.py:fn' to have hung calls killed", file=sys.stderr)
+        pooled = [f for f in self.fns if f.mode == "pool"]
         if pooled:
             # Workers resolve string specs and import declared heavy modules before taking work
             # (started on first use: a run that never scores never starts one).
@@ -130,57 +221,85 @@ class RewardManager:
             modules = sorted({m for f in pooled for m in getattr(f.fn, "preload_modules", ())})
             self._pool = TimeoutPool(max(1, num_workers), timeout_s, preload_specs=specs, preload_modules=modules)
 
+    def _batched_timeout(self, n: int) -> float:
+        return self.batched_timeout_s or self.timeout_s * max(1, n)
+
     def _run_per_sample(self, f: _Fn, prompts, responses, gts, extras) -> list[tuple[str, Any]]:
-        calls = [(f.ref, (p, r, g), dict(e)) for p, r, g, e in zip(prompts, responses, gts, extras)]
-        if self.num_workers > 0 or not f.bounded:
-            return self._pool.run(calls)
+        calls = [sample_call(f.call, p, r, g, e) for p, r, g, e in zip(prompts, responses, gts, extras)]
+        if f.mode == "pool":
+            return self._pool.run([(f.ref, args, kwargs) for args, kwargs in calls])
+        if f.mode == "async":
+            return self._event_loop().run([(f.fn, args, kwargs) for args, kwargs in calls], self.timeout_s)
         out = []
-        for _, args, kwargs in calls:
+        for args, kwargs in calls:
             start = time.monotonic()
             try:
-                out.append((OK, f.fn(*args, **kwargs)))
+                timeout = self.timeout_s if f.mode == "thread" else None
+                out.append((OK, _call_in_thread(f.fn, args, kwargs, timeout) if timeout else f.fn(*args, **kwargs)))
+            except TimeoutError:
+                out.append((TIMEOUT, f"timed out after {self.timeout_s:g}s (abandoned in its thread)"))
+                continue
             except Exception as exc:  # noqa: BLE001 - contained and counted
-                out.append((ERROR, f"{type(exc).__name__}: {exc}"))
-            # Not interruptible here, but a bounded function that still overran scores as a time-out.
+                out.append(_error(exc))
+            # Not interruptible in-process, but a bounded function that still overran scores as a time-out.
             elapsed = time.monotonic() - start
             if elapsed > self.timeout_s:
                 out[-1] = (TIMEOUT, f"took {elapsed:.1f}s in-process (timeout_s={self.timeout_s:g})")
         return out
 
-    def _run_batched(self, f: _Fn, prompts, responses, gts, extras) -> list[tuple[str, Any]]:
+    def _run_batched(self, f: _Fn, prompts, responses, gts, extras, completion_ids) -> list[tuple[str, Any]]:
         n = len(prompts)
-        timeout = self.batched_timeout_s or self.timeout_s * max(1, n)
-        try:
-            values = _call_in_thread(f.fn, (list(prompts), list(responses), list(gts), list(extras)), timeout)
-        except TimeoutError:
-            return [(TIMEOUT, f"batched call timed out after {timeout:g}s")] * n
-        except Exception as exc:  # noqa: BLE001
-            return [(ERROR, f"{type(exc).__name__}: {exc}")] * n
+        timeout = self._batched_timeout(n)
+        args, kwargs = batch_call(f.call, prompts, responses, gts, extras, completion_ids)
+        if f.call.is_async:
+            status, values = self._event_loop().run([(f.fn, args, kwargs)], timeout)[0]
+            if status != OK:
+                return [(status, values)] * n
+        else:
+            try:
+                values = _call_in_thread(f.fn, args, kwargs, timeout)
+            except TimeoutError:
+                return [(TIMEOUT, f"batched call timed out after {timeout:g}s")] * n
+            except Exception as exc:  # noqa: BLE001
+                return [_error(exc)] * n
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             return [(ERROR, f"batched reward returned {got}, expected a list of {n}")] * n
         return [(OK, v) for v in values]
 
-    def score(self, prompts, responses, ground_truths, extras=None) -> tuple[list[float], dict[str, float]]:
+    def _event_loop(self) -> _EventLoop:
+        if self._loop is None:
+            self._loop = _EventLoop()
+        return self._loop
+
+    def score(self, prompts, responses, ground_truths, extras=None,
+              completion_ids=None) -> tuple[list[float], dict[str, float]]:
+        """prompts, responses: texts (B,); ground_truths (B,); extras: one dict a sample (the
+        dataset's other columns); completion_ids: the responses' token ids (TRL-style functions)."""
         n = len(prompts)
         if not (len(responses) == len(ground_truths) == n):
             raise ValueError(f"lengths differ: {n} prompts, {len(responses)} responses, {len(ground_truths)} ground truths")
         extras = [dict(e or {}) for e in extras] if extras is not None else [{} for _ in range(n)]
         totals = [0.0] * n
+        scored = [False] * n
         metrics: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
         sums: dict[str, list[float]] = {}
+        self.last_scores = {}
         for f in self.fns:
-            run = self._run_batched if f.batched else self._run_per_sample
-            results = run(f, prompts, responses, ground_truths, extras)
+            if f.call.batched:
+                results = self._run_batched(f, prompts, responses, ground_truths, extras, completion_ids)
+            else:
+                results = self._run_per_sample(f, prompts, responses, ground_truths, extras)
             scores, failures, first = [], 0, None
             for status, value in results:
-                if status == OK:
+                s = math.nan  # None from a TRL-style function: not applicable to this sample
+                if status == OK and not (value is None and f.call.style == "trl"):
                     try:
                         s, ex = _normalize(value)
                         for k, v in ex.items():
-                            sums.setdefault(f"reward/{k}", []).append(v)
+                            sums.setdefault(f"reward/{f.name}/{k}", []).append(v)
                     except (TypeError, ValueError) as exc:
-                        status, value = ERROR, f"{type(exc).__name__}: {exc}"
+                        status, value = _error(exc)
                 if status != OK:
                     s, failures, first = self.default_score, failures + 1, first or value
                     metrics["reward/timeouts" if status == TIMEOUT else "reward/errors"] += 1
@@ -194,14 +313,23 @@ class RewardManager:
                     f"reward function '{f.name}' failed on {failures}/{n} samples "
                     f"(max_error_rate={self.max_error_rate}); first failure: {first}"
                 )
-            metrics[f"reward/{f.name}/mean"] = sum(scores) / n if n else 0.0
-            totals = [t + f.weight * s for t, s in zip(totals, scores)]
+            self.last_scores[f.name] = scores
+            applicable = [s for s in scores if not math.isnan(s)]
+            if applicable or not n:
+                metrics[f"reward/{f.name}/mean"] = sum(applicable) / len(applicable) if applicable else 0.0
+            totals = [t if math.isnan(s) else t + f.weight * s for t, s in zip(totals, scores)]
+            scored = [done or not math.isnan(s) for done, s in zip(scored, scores)]
+        if any(f.call.style == "trl" for f in self.fns):
+            metrics["reward/unscored"] = (n - sum(scored)) / n if n else 0.0
         metrics.update({k: sum(v) / len(v) for k, v in sums.items()})
         return totals, metrics
 
     def close(self) -> None:
         if self._pool is not None:
             self._pool.close()
+        if self._loop is not None:
+            self._loop.close()
+            self._loop = None
 
     def __enter__(self) -> "RewardManager":
         return self

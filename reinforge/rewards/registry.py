@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.util
-import inspect
 import os
 import sys
 from typing import Callable
@@ -48,14 +47,31 @@ def _spec_error(message: str) -> ValueError:
     return ConfigError(message)
 
 
+# Functions handed over in Python (RLTrainer(reward_funcs=[fn])), under "python:<name>" names
+# that config.yaml can record; they exist in this process only.
+PYTHON_PREFIX = "python:"
+_PYTHON_REWARDS: dict[str, Callable] = {}
+
+
+def register_python_reward(fn: Callable) -> str:
+    """A "python:<name>" spec that load_reward_fn resolves to `fn` in this process (the same
+    name again for the same function; <name>_2, ... for another function of the same name)."""
+    base = PYTHON_PREFIX + getattr(fn, "__name__", type(fn).__name__)
+    name, k = base, 1
+    while _PYTHON_REWARDS.get(name, fn) is not fn:
+        k += 1
+        name = f"{base}_{k}"
+    _PYTHON_REWARDS[name] = fn
+    return name
+
+
 def load_reward_fn(spec) -> Callable:
     """A reward function from `spec`.
 
     spec: a callable (returned as is); a built-in name (see BUILTIN_REWARDS); "path/to/file.py:name";
-    "pkg.mod:fn"; or "pkg.mod.fn". The function is fn(prompt, response, ground_truth, **extra)
-    -> float | dict with "score"; or, with attribute `batched = True`,
-    fn(prompts, responses, ground_truths, extras) -> list. A bad spec raises ConfigError (a
-    ValueError) naming it, with a did-you-mean for a mistyped built-in.
+    "pkg.mod:fn"; "pkg.mod.fn"; or a "python:<name>" from register_python_reward. The function
+    is written in one of the styles of reinforge.rewards.styles (reinforge, veRL, TRL). A bad
+    spec raises ConfigError (a ValueError) naming it, with a did-you-mean for a mistyped built-in.
     """
     if callable(spec):
         return spec
@@ -64,6 +80,11 @@ def load_reward_fn(spec) -> Callable:
     spec = spec.strip()
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
+    if spec.startswith(PYTHON_PREFIX):
+        if spec not in _PYTHON_REWARDS:
+            raise _spec_error(f"reward '{spec}' was a Python function handed to RLTrainer(reward_funcs=...) in "
+                              "another process; pass it again that way, or name it as 'file.py:fn' or 'module:fn'")
+        return _PYTHON_REWARDS[spec]
     if spec.endswith(".py"):
         raise _spec_error(f"reward '{spec}': name the function in the file too, '{spec}:fn'")
     module_name, sep, attr = spec.rpartition(":")
@@ -82,25 +103,19 @@ def load_reward_fn(spec) -> Callable:
     return fn
 
 
-def check_reward_signature(fn: Callable, spec: str) -> None:
-    """ValueError unless `fn` takes the reward-function arguments: (prompt, response,
-    ground_truth, **extra), or (prompts, responses, ground_truths, extras) when batched.
-    Callables whose signature Python cannot read (C functions) pass."""
+def check_reward_signature(fn: Callable, spec: str, style: str | None = None) -> None:
+    """ConfigError unless `fn` can be called as its style calls it (reinforge.rewards.styles):
+    the style `style` forces, or the one its parameter names say. Callables whose signature
+    Python cannot read (C functions) pass."""
+    from reinforge.rewards.styles import calling, signature_error
+
     try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
-        return
-    batched = bool(getattr(fn, "batched", False))
-    try:
-        if batched:
-            sig.bind([], [], [], [])
-        else:
-            sig.bind("prompt", "response", "ground_truth", data_source="source")  # extras come as keywords
-    except TypeError as exc:
-        want = ("fn(prompts, responses, ground_truths, extras)" if batched
-                else "fn(prompt, response, ground_truth, **extra)")
-        name = getattr(fn, "__name__", repr(fn))
-        raise _spec_error(f"reward '{spec}': {name}{sig} cannot be called as {want} ({exc})") from None
+        c = calling(fn, style)
+    except ValueError as exc:
+        raise _spec_error(f"reward '{spec}': {exc}") from None
+    error = signature_error(fn, c, forced=style not in (None, "auto"))
+    if error:
+        raise _spec_error(f"reward '{spec}': {error}")
 
 
 def _import(module_name: str, spec: str):

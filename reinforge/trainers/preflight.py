@@ -8,7 +8,7 @@ model loads. A failure leaves the run directory untouched.
    batch sizes, data files exist; fills cfg.derived);
 2. the model folders' files: config.json, safetensors headers against file sizes, tokenizer
    files (reinforge.models.checks; reads files only);
-3. the reward functions: each imported, checked callable with the reward-function signature;
+3. the reward functions: each imported, checked callable in its style (reinforge, veRL, TRL);
 4. RL with LoRA: every model.lora_target_modules entry names modules of the weights (headers).
 """
 from __future__ import annotations
@@ -46,21 +46,24 @@ def model_folders(cfg) -> list[tuple[str, str]]:
     return [(k, v) for k, v in out.items() if v]
 
 
-def reward_functions(cfg) -> list[tuple[str, str]]:
-    """(dotted key, spec) of every reward function the run may call (RL reward, SFT/DPO eval)."""
+def reward_functions(cfg) -> list[tuple[str, str, str | None]]:
+    """(dotted key, spec, forced style or None) of every reward function the run may call (RL
+    reward, SFT/DPO eval)."""
     if hasattr(cfg, "reward"):
-        return [(f"reward.functions[{i}].name", f["name"]) for i, f in enumerate(cfg.reward.functions)]
+        return [(f"reward.functions[{i}].name", f["name"], f.get("style")) for i, f in enumerate(cfg.reward.functions)]
     if hasattr(cfg, "eval"):
-        return [(f"eval.reward_functions[{i}].name", f["name"]) for i, f in enumerate(cfg.eval.reward_functions)]
+        return [(f"eval.reward_functions[{i}].name", f["name"], f.get("style"))
+                for i, f in enumerate(cfg.eval.reward_functions)]
     return []
 
 
-def check_reward_function(spec: str, key: str) -> None:
-    """Import reward function `spec` and check its signature; ConfigError naming `key` if not."""
+def check_reward_function(spec: str, key: str, style: str | None = None) -> None:
+    """Import reward function `spec` and check that it can be called in its style (`style`
+    forces one); ConfigError naming `key` if not."""
     from reinforge.rewards.registry import check_reward_signature, load_reward_fn
 
     try:
-        check_reward_signature(load_reward_fn(spec), spec)
+        check_reward_signature(load_reward_fn(spec), spec, style)
     except ValueError as exc:
         raise ConfigError(f"{key}: {exc}") from None
 
@@ -99,7 +102,7 @@ def preflight(cfg):
     rm_path = dict(folders).get("reward.reward_model_path")
     if rm_path:  # the reward model reads text with its own tokenizer
         check_tokenizer_files(rm_path, "reward.reward_model_path")
-    for key, spec in reward_functions(cfg):
-        check_reward_function(spec, key)
+    for key, spec, style in reward_functions(cfg):
+        check_reward_function(spec, key, style)
     check_lora_targets(cfg)
     return cfg

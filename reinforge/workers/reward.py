@@ -5,6 +5,8 @@ counting); a reward model adds its score; DAPO's soft overlong punishment is add
 """
 from __future__ import annotations
 
+import math
+
 import torch
 
 from reinforge.algos.overlong import soft_overlong_penalty
@@ -31,7 +33,7 @@ class RewardWorker:
         from reinforge.rewards import RewardManager
 
         self.tok, self.cfg, self.algo, self.T = tokenizer, cfg, algo, max_response_length
-        specs = [(f["name"], float(f.get("weight", 1.0))) for f in cfg.functions]
+        specs = [(f["name"], float(f.get("weight", 1.0)), f.get("style")) for f in cfg.functions]
         self.manager = RewardManager(specs, num_workers=cfg.num_workers, timeout_s=cfg.timeout_s,
                                      default_score=cfg.default_score, max_error_rate=cfg.max_error_rate) if specs else None
         self.rm = None
@@ -42,13 +44,16 @@ class RewardWorker:
             self.rm = RewardModelScorer(cfg.reward_model_path, None, device=device)
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """-> token_level_scores (B, T), acc (B,) in {0, 1} and response_text; plus reward metrics."""
+        """-> token_level_scores (B, T), acc (B,) in {0, 1}, response_text and reward_fn_scores
+        (one {function name: score, None where a TRL-style function returned None} a sample);
+        plus reward metrics."""
         texts = decode_responses(self.tok, batch["responses"], batch["response_mask"])
         prompts = batch["prompt_text"]
         scores = torch.zeros(len(batch))
         metrics: dict[str, float] = {}
         if self.manager is not None:
-            s, metrics = self.manager.score(prompts, texts, batch["ground_truth"], batch["extra"])
+            ids = [r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])]
+            s, metrics = self.manager.score(prompts, texts, batch["ground_truth"], batch["extra"], completion_ids=ids)
             scores += torch.as_tensor(s, dtype=torch.float32)
         # Correctness is the rule-based score before shaping terms, so length-vs-correctness
         # diagnostics are not confused by penalties.
@@ -62,8 +67,10 @@ class RewardWorker:
                                         self.algo.overlong_penalty_factor)
             scores += pen
             metrics["reward/overlong_penalty_mean"] = float(pen.mean())
+        per_fn = self.manager.last_scores if self.manager is not None else {}
+        fn_scores = [{k: None if math.isnan(v[i]) else v[i] for k, v in per_fn.items()} for i in range(len(texts))]
         out = Batch({"token_level_scores": scores_to_tokens(scores, batch["response_mask"]), "acc": acc,
-                     "seq_scores": scores}, {"response_text": texts})
+                     "seq_scores": scores}, {"response_text": texts, "reward_fn_scores": fn_scores})
         return out, metrics
 
     def close(self) -> None:

@@ -56,7 +56,7 @@ def test_weighted_sum_and_metrics_in_process(fns):
     assert scores == pytest.approx([2.5, 0.5, 1.0])  # 2*exact + 0.5 (flaky) + 0.5*format
     assert metrics["reward/exact_match/mean"] == pytest.approx(1 / 3)
     assert metrics["reward/flaky/mean"] == 0.5 and metrics["reward/format/mean"] == pytest.approx(1 / 3)
-    assert metrics["reward/chars"] == pytest.approx((1 + 1 + 17) / 3)
+    assert metrics["reward/flaky/chars"] == pytest.approx((1 + 1 + 17) / 3)  # a dict's extra key, per function
     assert metrics["reward/errors"] == 0 and metrics["reward/timeouts"] == 0
 
 
@@ -129,11 +129,24 @@ def test_batched_function_and_timeout(fns):
     assert scores == [0.0, 0.0] and metrics["reward/timeouts"] == 2
 
 
-def test_unpicklable_callable_rejected_unless_bounded():
+def test_unpicklable_callable_runs_in_threads_with_its_timeout(capsys):
+    """A lambda cannot reach a worker process: its calls run in threads, a hung one abandoned at
+    timeout_s (said once on stderr); marked bounded, it runs inline with num_workers=0."""
+    def fn(p, r, g, **k):
+        if r == "hang":
+            time.sleep(5)
+        return 1.0
+
     for workers in (0, 1):
-        with pytest.raises(ValueError, match="cannot be sent to a worker process"):
-            RewardManager([(lambda p, r, g, **k: 1.0, 1.0)], num_workers=workers)
-    fn = lambda p, r, g, **k: 1.0  # noqa: E731
-    fn.bounded = True
-    with RewardManager([(fn, 1.0)], num_workers=0) as m:
-        assert m.score(["p"], ["r"], [None])[0] == [1.0]
+        with RewardManager([(lambda p, r, g, **k: fn(p, r, g), 1.0)], num_workers=workers, timeout_s=0.3,
+                           max_error_rate=1.0) as m:
+            assert m._pool is None and m.fns[0].mode == "thread"
+            start = time.monotonic()
+            scores, metrics = m.score(["p"] * 3, ["a", "hang", "b"], [None] * 3)
+            assert time.monotonic() - start < 3
+        assert scores == [1.0, 0.0, 1.0] and metrics["reward/timeouts"] == 1
+        assert "cannot be pickled" in capsys.readouterr().err
+    bounded = lambda p, r, g, **k: 1.0  # noqa: E731
+    bounded.bounded = True
+    with RewardManager([(bounded, 1.0)], num_workers=0) as m:
+        assert m.fns[0].mode == "inline" and m.score(["p"], ["r"], [None])[0] == [1.0]

@@ -1,0 +1,188 @@
+"""The three reward-function styles: which one a function is written in, and how it is called.
+
+    reinforge  fn(prompt, response, ground_truth, **extra) -> float | dict        one sample a call
+               batched (fn.batched = True): fn(prompts, responses, ground_truths, extras) -> list
+    verl       compute_score(data_source, solution_str, ground_truth, extra_info=None)
+               -> float | dict with "score"                                       one sample a call
+               veRL's batch form compute_score(data_sources, solution_strs, ground_truths,
+               extra_infos) -> list                                                one call a batch
+    trl        fn(prompts, completions, completion_ids=None, **columns)
+               -> list[float | None]                                               one call a batch
+
+The style is read from the parameter names (`solution_str(s)`: verl; `completions`: trl;
+anything else: reinforge) unless a reward.functions entry forces it with `style:`. veRL and TRL
+call their functions with keywords, so the names are what those frameworks require too.
+
+What each style receives, from a dataset row (see reinforge.data.RLDataset):
+- reinforge: the rendered prompt text, the response text, the ground truth and every other
+  column as a keyword (`data_source` included);
+- verl: `data_source`, the response as `solution_str`, the ground truth and the row's
+  `extra_info` column (an empty dict when the row has none; left out when the function takes
+  no `extra_info`);
+- trl: the prompts as in the row (a string, or the message list of a conversational prompt),
+  the completions as strings, or as `[{"role": "assistant", "content": text}]` when the prompt
+  is a message list, the completions' token ids, and every column but the prompt as a keyword
+  holding one value per sample (`ground_truth` and `data_source` are added when the row has no
+  such column). A function without **kwargs gets only the keywords it names.
+A TRL function may return None for a sample it does not apply to (see RewardManager).
+"""
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable
+
+STYLES = ("reinforge", "verl", "trl")
+# RLDataset-built items may carry their raw row in extra[ROW_KEY] = (prompt column, row), so
+# that TRL-style functions see the prompt and the columns as the file holds them. It is taken
+# out of `extra` before any other style sees it.
+ROW_KEY = "__row__"
+SIGNATURES = {
+    "reinforge": "fn(prompt, response, ground_truth, **extra)",
+    "reinforge-batched": "fn(prompts, responses, ground_truths, extras) with fn.batched = True",
+    "verl": "compute_score(data_source, solution_str, ground_truth, extra_info=None)",
+    "verl-batched": "compute_score(data_sources, solution_strs, ground_truths, extra_infos)",
+    "trl": "fn(prompts, completions, completion_ids=None, **kwargs) -> list",
+}
+TRL_RESERVED = ("prompts", "completions", "completion_ids")
+
+
+def _parameters(fn: Callable) -> dict[str, inspect.Parameter] | None:
+    """fn's parameters, or None when Python cannot read its signature (C functions)."""
+    try:
+        return dict(inspect.signature(fn).parameters)
+    except (TypeError, ValueError):
+        return None
+
+
+def detect_style(fn: Callable) -> str:
+    """reinforge, verl or trl, from fn's parameter names (reinforge when they say nothing)."""
+    if getattr(fn, "batched", False):
+        return "reinforge"
+    params = _parameters(fn) or {}
+    if "solution_str" in params or "solution_strs" in params:
+        return "verl"
+    if "completions" in params:
+        return "trl"
+    return "reinforge"
+
+
+def _is_async(fn: Callable) -> bool:
+    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(getattr(fn, "__call__", None))
+
+
+@dataclass(frozen=True)
+class Calling:
+    """How one reward function is called: its style, whether one call scores the whole batch,
+    whether it is `async def`, and the keyword names it takes (None: any, it has **kwargs)."""
+
+    style: str
+    batched: bool
+    is_async: bool
+    accepts: frozenset | None
+
+    @property
+    def signature(self) -> str:
+        return SIGNATURES[self.style + ("-batched" if self.batched and self.style != "trl" else "")]
+
+
+def calling(fn: Callable, style: str | None = None) -> Calling:
+    """The Calling of `fn`; `style` forces one (None or "auto" detects it)."""
+    style = detect_style(fn) if style in (None, "auto") else style
+    if style not in STYLES:
+        raise ValueError(f"unknown reward style {style!r}; styles: {', '.join(STYLES)}")
+    params = _parameters(fn)
+    if params is None or any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        accepts = None
+    else:
+        accepts = frozenset(n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
+    batched = {"reinforge": bool(getattr(fn, "batched", False)), "trl": True,
+               "verl": params is not None and "solution_strs" in params}[style]
+    return Calling(style, batched, _is_async(fn), accepts)
+
+
+def public_extra(extra: dict) -> dict:
+    """`extra` without the keys reinforge keeps for itself (ROW_KEY)."""
+    return {k: v for k, v in extra.items() if k != ROW_KEY}
+
+
+def _accepted(c: Calling, kwargs: dict) -> dict:
+    return kwargs if c.accepts is None else {k: v for k, v in kwargs.items() if k in c.accepts}
+
+
+def _verl_extra_info(extra: dict):
+    return extra.get("extra_info") if extra.get("extra_info") is not None else {}
+
+
+def sample_call(c: Calling, prompt: str, response: str, ground_truth, extra: dict) -> tuple[tuple, dict]:
+    """(args, kwargs) of one per-sample call (reinforge or verl style)."""
+    if c.style == "verl":
+        kwargs = {"data_source": extra.get("data_source"), "solution_str": response, "ground_truth": ground_truth,
+                  "extra_info": _verl_extra_info(extra)}
+        if c.accepts is not None and "extra_info" not in c.accepts:
+            del kwargs["extra_info"]
+        return (), kwargs
+    return (prompt, response, ground_truth), public_extra(extra)
+
+
+def _trl_columns(prompt_texts: list[str], ground_truths: list, extras: list[dict]) -> tuple[list, dict[str, list]]:
+    """(prompts, {column: one value per sample}) as TRL passes them: from each sample's raw row
+    when the dataset kept it (ROW_KEY), else the prompt text and the extra keys."""
+    prompts, rows = [], []
+    for text, gt, extra in zip(prompt_texts, ground_truths, extras):
+        if ROW_KEY in extra:
+            prompt_key, row = extra[ROW_KEY]
+            prompts.append(row.get(prompt_key, text))
+            row = {k: v for k, v in row.items() if k != prompt_key}
+        else:
+            prompts.append(text)
+            row = public_extra(extra)
+        row.setdefault("ground_truth", gt)
+        row.setdefault("data_source", extra.get("data_source"))
+        rows.append(row)
+    names = [k for k in dict.fromkeys(k for row in rows for k in row) if k not in TRL_RESERVED]
+    return prompts, {k: [row.get(k) for row in rows] for k in names}
+
+
+def batch_call(c: Calling, prompts: list[str], responses: list[str], ground_truths: list, extras: list[dict],
+               completion_ids: list | None) -> tuple[tuple, dict]:
+    """(args, kwargs) of one call that scores a whole batch (reinforge batched, verl batched, trl)."""
+    if c.style == "reinforge":
+        return (list(prompts), list(responses), list(ground_truths), [public_extra(e) for e in extras]), {}
+    if c.style == "verl":
+        kwargs = {"data_sources": [e.get("data_source") for e in extras], "solution_strs": list(responses),
+                  "ground_truths": list(ground_truths), "extra_infos": [_verl_extra_info(e) for e in extras]}
+        return (), _accepted(c, kwargs)
+    raw_prompts, columns = _trl_columns(prompts, ground_truths, extras)
+    conversational = [isinstance(p, (list, tuple)) for p in raw_prompts]
+    completions = [[{"role": "assistant", "content": r}] if conv else r for r, conv in zip(responses, conversational)]
+    kwargs = {"prompts": raw_prompts, "completions": completions, "completion_ids": completion_ids, **columns}
+    return (), _accepted(c, kwargs)
+
+
+def signature_error(fn: Callable, c: Calling, forced: bool) -> str | None:
+    """None when `fn` can be called as its style calls it; else why not, naming the signatures."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+    extra = {"data_source": "source"}
+    try:
+        if c.batched:
+            args, kwargs = batch_call(c, ["p"], ["r"], ["g"], [extra], [[0]])
+        else:
+            args, kwargs = sample_call(c, "p", "r", "g", extra)
+        if c.style == "trl":  # other required parameters are dataset columns, known only at run time
+            sig.bind_partial(*args, **kwargs)
+            if c.accepts is not None and "completions" not in c.accepts:
+                raise TypeError("it takes no 'completions'")
+        else:
+            sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        name = getattr(fn, "__name__", type(fn).__name__)
+        if forced or c.style != "reinforge":
+            return f"{name}{sig} cannot be called as a {c.style}-style reward, {c.signature} ({exc})"
+        wanted = "; ".join(f"{s}: {SIGNATURES[s]}" for s in STYLES)
+        return f"{name}{sig} fits no reward-function style ({exc}). Expected {wanted}; or set style: " \
+               f"{'|'.join(STYLES)} in its reward.functions entry"
+    return None
