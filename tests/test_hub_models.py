@@ -79,7 +79,7 @@ def test_sft_trains_from_a_hub_id(offline, arith_data, tmp_path):
     from reinforge.trainers.sft import SFTTrainer
 
     over = {"model.path": "org/tiny", "data.train_files": f"[{arith_data['sft']}]", "data.max_length": 16,
-            "data.batch_size": 4, "optim.total_steps": 1, "trainer.run_dir": str(tmp_path / "run"),
+            "data.batch_size": 4, "trainer.total_steps": 1, "trainer.run_dir": str(tmp_path / "run"),
             "trainer.loggers": "[jsonl]", "trainer.progress": False}
     cfg = load_config(SFTConfig, "sft", [f"{k}={v}" for k, v in over.items()])
     trainer = SFTTrainer(cfg)
