@@ -28,6 +28,7 @@ from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_ch
 from reinforge.trainers.logging import Timer
 from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.metrics import batch_metrics
+from reinforge.trainers.perf import StageTimer, matmul_params, matmul_peak_flops, rl_step_flops
 from reinforge.trainers.rl_setup import build_components
 from reinforge.trainers.validation import prompts_batch, validate
 from reinforge.workers.actor import on_policy_update
@@ -43,7 +44,10 @@ class RLTrainer(TrainingLoop):
         self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl
         self.loader, self.val_items = c.loader, c.val_items
         self.run_dir = Path(cfg.trainer.run_dir)
-        self.timer, self.step_idx, self.next_uid = Timer(), 0, 0
+        self.device = str(next(self.actor_model.parameters()).device)
+        self.timer, self.step_idx, self.next_uid = StageTimer(self.device), 0, 0
+        self.n_params = (matmul_params(self.actor_model),
+                         matmul_params(self.critic_model) if self.critic_model is not None else 0)
         d = cfg.derived  # on-policy: the update's own forward gives the old log-probs (workers/actor.py)
         self.on_policy = not cfg.algorithm.use_kl_in_reward and on_policy_update(
             self.actor_model, cfg.actor.ppo_epochs, d["actor_mini_batch_size"], d["batch_size"])
@@ -117,6 +121,9 @@ class RLTrainer(TrainingLoop):
         elapsed = time.perf_counter() - t0
         metrics["timing_s/step"] = elapsed
         metrics["perf/throughput"] = float(batch["attention_mask"].sum()) / elapsed
+        flops = rl_step_flops(metrics, float(batch["attention_mask"].sum()), *self.n_params, cfg.actor.ppo_epochs,
+                              cfg.critic.ppo_epochs)
+        metrics["perf/mfu"] = flops / (elapsed * matmul_peak_flops(self.device))
         return metrics
 
     @property

@@ -1,0 +1,82 @@
+"""perf/* metrics: model FLOPs by hand, the peak-memory tracker, and a tiny run's metrics.jsonl."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from reinforge.trainers.perf import PeakMemory, StageTimer, matmul_params, rl_step_flops
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def test_rl_step_flops_by_hand():
+    # GRPO with a KL reference, on-policy: gen + ref forward-only (2N each), one update (6N).
+    t = {"timing_s/gen": 1.0, "timing_s/reward": 0.1, "timing_s/ref": 0.2, "timing_s/update_actor": 0.5}
+    assert rl_step_flops(t, 100, 10, 0, 1, 1) == 100 * (2 * 10 + 2 * 10 + 6 * 10)
+    # PPO: old log-probs, values (critic 7 params), two epochs for each model.
+    t = {"timing_s/gen": 1, "timing_s/old_log_prob": 1, "timing_s/values": 1, "timing_s/update_actor": 1,
+         "timing_s/update_critic": 1}
+    assert rl_step_flops(t, 3, 10, 7, 2, 2) == 3 * (2 * (10 + 10 + 7) + 6 * (2 * 10 + 2 * 7))
+
+
+def test_matmul_params_leave_out_an_untied_embedding(tiny_model_dir):
+    from reinforge.models.loading import load_causal_lm
+
+    model = load_causal_lm(tiny_model_dir, dtype="float32")
+    total = sum(p.numel() for p in model.parameters())
+    emb = model.get_input_embeddings().weight
+    tied = emb is model.get_output_embeddings().weight
+    assert matmul_params(model) == (total if tied else total - emb.numel())
+
+
+def test_nested_stages_keep_the_inner_peak():
+    """An inner stage's peak counts for the outer stage too, though the mark is reset inside."""
+    readings = iter([0.0, 5.0, 9.0, 2.0, 0.0, 1.0])  # what each boundary reads
+
+    class Fake(PeakMemory):
+        def _read_and_reset(self):
+            return next(readings)
+
+    mem = Fake("cpu")
+    mem.start()               # outer starts (reads 0)
+    mem.start()               # inner starts: 5 so far belongs to outer
+    assert mem.stop() == 9.0  # inner ends at 9, credited to outer as well
+    assert mem.stop() == 9.0  # outer: max(5, 9, 2)
+    mem.start()
+    assert mem.stop() == 1.0  # a later stage starts afresh
+
+
+def test_stage_timer_reports_step_peak():
+    timer = StageTimer("cpu")
+    with timer("a"):
+        blob = bytearray(64 * 2 ** 20)  # 64 MiB, touched: resident
+        blob[::4096] = b"x" * len(blob[::4096])
+    with timer("b"):
+        pass
+    m = timer.pop()
+    assert set(m) == {"timing_s/a", "timing_s/b", "perf/cpu_rss_peak_gb/a", "perf/cpu_rss_peak_gb/b",
+                      "perf/cpu_rss_peak_gb"}
+    assert m["perf/cpu_rss_peak_gb"] == max(m["perf/cpu_rss_peak_gb/a"], m["perf/cpu_rss_peak_gb/b"]) > 0.06
+
+
+def test_rl_run_logs_mfu_and_memory(tiny_model_dir, arith_data, tmp_path):
+    """A GRPO run with a KL loss (on-policy: no old-log-prob pass) logs perf/mfu in (0, 1],
+    peak RSS per stage, and entropy and ref KL from the update pass."""
+    from reinforge.config.load import load_config
+    from reinforge.config.schema import RLConfig
+    from reinforge.trainers.rl import RLTrainer
+    from tests.conftest import rl_overrides
+
+    cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "run"),
+                                                     **{"data.val_files": "[]", "actor.use_kl_loss": True}))
+    RLTrainer(cfg).fit()
+    rows = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in rows if "perf/mfu" in r]
+    assert len(steps) == 2
+    for r in steps:
+        assert 0 < r["perf/mfu"] <= 1
+        assert 0.05 < r["perf/cpu_rss_peak_gb"] < 64
+        for stage in ("gen", "ref", "update_actor"):
+            assert 0 < r[f"perf/cpu_rss_peak_gb/{stage}"] <= r["perf/cpu_rss_peak_gb"]
+        assert "timing_s/old_log_prob" not in r and r["actor/entropy"] > 0 and "actor/ref_kl" in r
