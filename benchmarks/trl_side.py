@@ -1,0 +1,114 @@
+"""TRL's half of benchmarks/vs_trl.py: GRPOTrainer steps on a model folder, timed per stage.
+
+Runs inside TRL's own venv (`make trl-venv`), never imports reinforge, and prints one JSON line:
+{"steps": [{"step": s, "gen": s, "reward": s, "ref": s, "update": s, "tokens": n}, ...]}
+(every optimizer step, warm-up included; the caller drops the warm-up). `update` is the step
+time left after generation, reward and the no-grad reference pass: the loss forward, backward
+and the optimizer step, plus TRL's own bookkeeping.
+
+Settings match reinforge's side: one generation of prompts x num_generations completions per
+optimizer step (per-device batch = the whole generation, no accumulation, one iteration, so
+TRL skips its old-log-prob pass as reinforge does), fp32 (TRL's config defaults to bf16),
+sampling at temperature 1 from the full softmax (top_k=0, top_p=1) and EOS suppressed with
+`min_new_tokens = max_completion_length`, so every completion is exactly that long.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import tempfile
+import time
+from collections import defaultdict
+
+
+def arithmetic_reward(completions, reward_model, **_):
+    """1.0 when the completion starts with the ground-truth number (the built-in task's rule)."""
+    out = []
+    for text, rm in zip(completions, reward_model):
+        m = re.match(r"\s*(-?\d+)", text)
+        out.append(float(m is not None and m.group(1) == str(rm["ground_truth"])))
+    return out
+
+
+def timed(obj, name: str, times: dict, key):
+    """Wrap method `name` of `obj` so that its wall time is added to times[key()]."""
+    fn = getattr(obj, name)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            times[key()] += time.perf_counter() - t0
+
+    setattr(obj, name, wrapper)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--train", required=True, help="reinforge task parquet (prompt, reward_model columns)")
+    ap.add_argument("--steps", type=int, required=True, help="optimizer steps, warm-up included")
+    ap.add_argument("--prompts", type=int, default=4)
+    ap.add_argument("--n", type=int, default=8)
+    ap.add_argument("--max-tokens", type=int, default=32)
+    ap.add_argument("--beta", type=float, default=0.0)
+    ap.add_argument("--lr", type=float, default=1e-5)
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+
+    import torch
+    from datasets import Dataset
+    from transformers import TrainerCallback
+    from trl import GRPOConfig, GRPOTrainer
+
+    data = Dataset.from_parquet(args.train).select_columns(["prompt", "reward_model"])
+    batch = args.prompts * args.n
+    cfg = GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="trl_side_"), per_device_train_batch_size=batch,
+        gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.max_tokens,
+        num_iterations=1, beta=args.beta, learning_rate=args.lr, max_steps=args.steps, temperature=1.0,
+        top_k=0, top_p=1.0, generation_kwargs={"min_new_tokens": args.max_tokens}, bf16=False, use_cpu=True,
+        report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=args.seed,
+        dataloader_num_workers=0)
+    trainer = GRPOTrainer(model=args.model, reward_funcs=arithmetic_reward, args=cfg, train_dataset=data)
+
+    times: dict = defaultdict(float)
+    stage = lambda: "ref" if not torch.is_grad_enabled() else "update_fwd"  # noqa: E731
+    timed(trainer, "_generate_single_turn", times, lambda: "gen")
+    timed(trainer, "_calculate_rewards", times, lambda: "reward")
+    timed(trainer, "_get_per_token_logps_and_entropies", times, stage)
+    steps, tokens = [], []
+    orig_gen = trainer._generate_single_turn
+
+    def count_tokens(*a, **kw):
+        out = orig_gen(*a, **kw)
+        tokens.append(sum(len(c) for c in out[0]))  # (completion_ids, logprobs), EOS cut off
+        return out
+
+    trainer._generate_single_turn = count_tokens
+
+    class StepClock(TrainerCallback):
+        def on_train_begin(self, *_, **__):
+            self.t0 = time.perf_counter()
+
+        def on_step_end(self, *_, **__):
+            now = time.perf_counter()
+            total, t = now - self.t0, dict(times)
+            rest = total - t.get("gen", 0) - t.get("reward", 0) - t.get("ref", 0)
+            steps.append({"step": total, "gen": t.get("gen", 0.0), "reward": t.get("reward", 0.0),
+                          "ref": t.get("ref", 0.0), "update": rest, "tokens": sum(tokens)})
+            times.clear()
+            tokens.clear()
+            self.t0 = time.perf_counter()
+
+    trainer.add_callback(StepClock())
+    trainer.train()
+    json.dump({"steps": steps, "threads": torch.get_num_threads()}, sys.stdout)
+    print()
+
+
+if __name__ == "__main__":
+    main()
