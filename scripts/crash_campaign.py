@@ -81,12 +81,12 @@ def trainer_argv(trainer: str, work: Path, run_dir: Path) -> list[str]:
     elif trainer == "sft":
         cmd = ["sft", "--config", "sft"]
         over = {"data.train_files": f"[{data / 'sft.parquet'}]", "data.max_length": 16, "data.batch_size": 16,
-                "optim.micro_batch_size": 16, "optim.lr": 3e-3, "optim.total_steps": STEPS,
+                "optim.micro_batch_size": 16, "optim.lr": 3e-3, "trainer.total_steps": STEPS,
                 "optim.lr_schedule": "cosine", "optim.warmup_steps": 2}
     else:  # dpo, rm
         cmd = [trainer, "--config", trainer]
         over = {"data.train_files": f"[{data / 'prefs.parquet'}]", "data.val_fraction": 0.0, "data.max_length": 16,
-                "data.batch_size": 8, "optim.micro_batch_size": 4, "optim.total_steps": STEPS, "optim.lr": 3e-3}
+                "data.batch_size": 8, "optim.micro_batch_size": 4, "trainer.total_steps": STEPS, "optim.lr": 3e-3}
     return cmd + [f"{k}={v}" for k, v in {**common, **over}.items()]
 
 

@@ -25,7 +25,7 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}  # one intra-op thread: far faster 
 
 def sft_args(model_dir: str, data: dict, run_dir, **extra) -> list[str]:
     base = {"model.path": model_dir, "data.train_files": f"[{data['sft']}]", "data.max_length": 16,
-            "data.batch_size": 16, "optim.micro_batch_size": 16, "optim.total_steps": 2, "optim.warmup_steps": 0,
+            "data.batch_size": 16, "optim.micro_batch_size": 16, "trainer.total_steps": 2, "optim.warmup_steps": 0,
             "trainer.run_dir": str(run_dir), "trainer.loggers": "[jsonl]", "trainer.progress": False,
             "trainer.export_hf": False}
     base.update(extra)
@@ -105,7 +105,7 @@ def test_refusals_leave_the_run_dir_untouched(tiny_model_dir, arith_data, finish
     shutil.copytree(finished_run, run)
     run_dir, flags, named, held = case(tmp_path, run)
     before = snapshot(tmp_path)
-    r = run_cli([*sft_args(tiny_model_dir, arith_data, run_dir, **{"optim.total_steps": 3}), *flags])
+    r = run_cli([*sft_args(tiny_model_dir, arith_data, run_dir, **{"trainer.total_steps": 3}), *flags])
     assert r.returncode == 2, r.stderr
     assert "Traceback" not in r.stderr and r.stderr.startswith("reinforge: error: "), r.stderr
     for text in named:
@@ -119,7 +119,7 @@ def test_overwrite_replaces_the_previous_run(tiny_model_dir, arith_data, finishe
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     (run / "notes.txt").write_text("the user's")
-    r = run_cli([*sft_args(tiny_model_dir, arith_data, run, **{"optim.total_steps": 1}), "--overwrite"])
+    r = run_cli([*sft_args(tiny_model_dir, arith_data, run, **{"trainer.total_steps": 1}), "--overwrite"])
     assert r.returncode == 0, r.stderr
     assert "--overwrite: removed checkpoints, metrics.jsonl, tensorboard" in r.stderr, r.stderr
     assert steps(run) == [1]
@@ -148,7 +148,7 @@ def test_resume_cuts_what_was_recorded_after_the_checkpoint(tiny_model_dir, arit
         for k in (3, 4):
             tb.add_scalar("train/loss", 999.0, k)
 
-    r = run_cli([*sft_args(tiny_model_dir, arith_data, run, **{"optim.total_steps": 3,
+    r = run_cli([*sft_args(tiny_model_dir, arith_data, run, **{"trainer.total_steps": 3,
                                                                "trainer.loggers": "[jsonl,tensorboard]"}), "--resume"])
     assert r.returncode == 0, r.stderr
     assert f"resuming from {run / 'checkpoints' / 'step_2'} at step 2" in r.stderr, r.stderr
@@ -168,7 +168,7 @@ def test_sigterm_stops_with_the_resume_command(tiny_model_dir, arith_data, tmp_p
     """SIGTERM (what Slurm sends) mid-run: exit 143 and the command that continues; that command
     (with fewer steps) finishes the run with every step logged once."""
     run = tmp_path / "run"
-    args = sft_args(tiny_model_dir, arith_data, run, **{"optim.total_steps": 100000, "trainer.save_every": 3})
+    args = sft_args(tiny_model_dir, arith_data, run, **{"trainer.total_steps": 100000, "trainer.save_every": 3})
     proc = subprocess.Popen([*CLI, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=ENV)
     deadline = time.monotonic() + 120
     while not ((run / "metrics.jsonl").exists() and (run / "metrics.jsonl").read_text().count("\n") >= 4):
@@ -182,7 +182,7 @@ def test_sigterm_stops_with_the_resume_command(tiny_model_dir, arith_data, tmp_p
     assert command[:3] == ["reinforge", "sft", "--resume"] and f"trainer.run_dir={run}" in command
     last = int(Path(err.split("the last checkpoint is ")[1].split(";")[0]).name.removeprefix("step_"))
     assert last >= 3 and last % 3 == 0
-    r = run_cli([*command[1:], f"optim.total_steps={last + 2}"])
+    r = run_cli([*command[1:], f"trainer.total_steps={last + 2}"])
     assert r.returncode == 0, r.stderr
     assert steps(run) == list(range(1, last + 3))
 
@@ -229,7 +229,7 @@ def test_fit_from_python_refuses_then_overwrites(tiny_model_dir, arith_data, fin
     run = tmp_path / "run"
     shutil.copytree(finished_run, run)
     before = snapshot(run)
-    trainer = _sft_trainer(tiny_model_dir, arith_data, run, **{"optim.total_steps": 1})
+    trainer = _sft_trainer(tiny_model_dir, arith_data, run, **{"trainer.total_steps": 1})
     with pytest.raises(ConfigError, match="holds a previous run.*--overwrite"):
         trainer.fit()
     assert snapshot(run) == before
@@ -242,7 +242,7 @@ def test_signal_during_a_save_takes_effect_after_it(tiny_model_dir, arith_data, 
     from reinforge.trainers.checkpoint import checkpoint_problem
     from reinforge.trainers.loop import Terminated
 
-    trainer = _sft_trainer(tiny_model_dir, arith_data, tmp_path, **{"optim.total_steps": 3, "trainer.save_every": 1})
+    trainer = _sft_trainer(tiny_model_dir, arith_data, tmp_path, **{"trainer.total_steps": 3, "trainer.save_every": 1})
     real_save, handler = trainer.save, signal.getsignal(signal.SIGTERM)
 
     def save_hit_by_sigterm():

@@ -122,7 +122,7 @@ def test_supervised_validation_messages(tiny_model_dir, arith_data, schema, data
 def test_supervised_derived(tiny_model_dir, arith_data, schema, data):
     cfg = load_config(schema, None, [f"model.path={tiny_model_dir}", f"data.train_files=[{arith_data[data]}]",
                                      "trainer.device=cpu", "data.batch_size=8", "optim.micro_batch_size=16",
-                                     "optim.epochs=2"])
+                                     "trainer.epochs=2"])
     check = validate_sft if schema is SFTConfig else validate_preference
     check(cfg, 100)
     assert cfg.derived == {"device": "cpu", "micro_batch_size": 8, "total_steps": 25}

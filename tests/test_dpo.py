@@ -21,7 +21,7 @@ pytestmark = pytest.mark.usefixtures("one_thread")  # tests/conftest.py: one int
 
 def _overrides(model_dir: str, prefs: str, run_dir, **extra) -> list[str]:
     base = {"model.path": model_dir, "data.train_files": f"[{prefs}]", "data.val_fraction": 0.0,
-            "data.max_length": 16, "data.batch_size": 8, "optim.micro_batch_size": 4, "optim.total_steps": 3,
+            "data.max_length": 16, "data.batch_size": 8, "optim.micro_batch_size": 4, "trainer.total_steps": 3,
             "optim.lr": 3e-3, "dpo.beta": 0.5, "trainer.run_dir": str(run_dir), "trainer.progress": False,
             "trainer.loggers": "[jsonl]", "trainer.val_before_train": False, "trainer.export_hf": False}
     base.update(extra)
@@ -43,7 +43,7 @@ def _rows(run_dir) -> list[dict]:
 
 def test_dpo_learns_the_preference(tiny_model_dir, small_prefs, tmp_path):
     cfg = load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path, **{
-        "optim.total_steps": 12, "data.val_files": f"[{small_prefs}]", "trainer.export_hf": True}))
+        "trainer.total_steps": 12, "data.val_files": f"[{small_prefs}]", "trainer.export_hf": True}))
     trainer = DPOTrainer(cfg)
     before = {k: v.clone() for k, v in trainer.model.state_dict().items()}
     trainer.fit()
@@ -105,7 +105,7 @@ def test_cached_reference_equals_live(tiny_model_dir, small_prefs, tmp_path, mon
 ], ids=["ipo", "hinge", "sigmoid-mean-ls-nll"])
 def test_loss_variants_run(tiny_model_dir, small_prefs, tmp_path, extra, step1_loss):
     trainer = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(
-        tiny_model_dir, small_prefs, tmp_path, **{"optim.total_steps": 2, **extra})))
+        tiny_model_dir, small_prefs, tmp_path, **{"trainer.total_steps": 2, **extra})))
     assert trainer.cfg.dpo.beta == 0.5
     final = trainer.fit()
     assert math.isfinite(final["loss"]) and final["grad_norm"] > 0
@@ -120,12 +120,12 @@ def test_loss_variants_run(tiny_model_dir, small_prefs, tmp_path, extra, step1_l
 
 
 def test_resume_equals_uninterrupted(tiny_model_dir, small_prefs, tmp_path):
-    common = {"optim.total_steps": 4, "trainer.save_every": 2, "dpo.precompute_ref": True}
+    common = {"trainer.total_steps": 4, "trainer.save_every": 2, "dpo.precompute_ref": True}
     full = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path / "full", **common)))
     full.fit()
     # "Crash" after step 2: a run that stops there, then a fresh process resuming to step 4.
     part = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(
-        tiny_model_dir, small_prefs, tmp_path / "part", **{**common, "optim.total_steps": 2})))
+        tiny_model_dir, small_prefs, tmp_path / "part", **{**common, "trainer.total_steps": 2})))
     part.fit()
     resumed = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path / "part", **common)))
     resumed.fit(resume=True)
@@ -157,7 +157,7 @@ def test_skipped_pairs_are_reported(tiny_model_dir, small_prefs, tmp_path, capsy
     from reinforge.data import PreferenceDataset
 
     trainer = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path, **{
-        "data.max_length": 6, "data.overlong": "skip", "data.batch_size": 4, "optim.total_steps": 1})))
+        "data.max_length": 6, "data.overlong": "skip", "data.batch_size": 4, "trainer.total_steps": 1})))
     skipped = PreferenceDataset(small_prefs, trainer.tok, max_length=6, overlong="skip").num_skipped
     assert 0 < skipped < 16 and len(trainer.train) == 16 - skipped
     out = capsys.readouterr().out
@@ -173,7 +173,7 @@ def test_cli_summary(tiny_model_dir, small_prefs, arith_data, tmp_path, capsys):
     from reinforge.cli.main import main
 
     rc = main(["dpo", *_overrides(tiny_model_dir, small_prefs, tmp_path, **{
-        "optim.total_steps": 1, "data.val_files": f"[{small_prefs}]", "trainer.export_hf": True,
+        "trainer.total_steps": 1, "data.val_files": f"[{small_prefs}]", "trainer.export_hf": True,
         "eval.prompt_files": f"[{arith_data['test']}]", "eval.reward_functions": "[{name: arithmetic}]",
         "eval.max_prompt_length": 8, "eval.max_response_length": 4})])
     out = capsys.readouterr().out

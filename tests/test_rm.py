@@ -35,7 +35,7 @@ def trained_rm(one_thread, tiny_model_dir, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("rm")
     train, val = _easy_pairs(tmp / "train.jsonl", 64, 0), _easy_pairs(tmp / "val.jsonl", 32, 1)
     over = {"model.path": tiny_model_dir, "data.train_files": f"[{train}]", "data.val_files": f"[{val}]",
-            "data.max_length": 16, "data.batch_size": 16, "optim.micro_batch_size": 8, "optim.total_steps": 20,
+            "data.max_length": 16, "data.batch_size": 16, "optim.micro_batch_size": 8, "trainer.total_steps": 20,
             "optim.lr": 3e-3, "optim.warmup_steps": 0, "trainer.run_dir": str(tmp / "run"), "trainer.progress": False,
             "trainer.loggers": "[jsonl]"}
     cfg = load_config(RMConfig, "rm", [f"{k}={v}" for k, v in over.items()])
@@ -108,7 +108,7 @@ def test_resume_equals_uninterrupted(one_thread, tiny_model_dir, tmp_path):
 
     def trainer(run, steps):
         over = {"model.path": tiny_model_dir, "data.train_files": f"[{train}]", "data.max_length": 16,
-                "data.batch_size": 8, "optim.micro_batch_size": 4, "optim.total_steps": steps,
+                "data.batch_size": 8, "optim.micro_batch_size": 4, "trainer.total_steps": steps,
                 "optim.lr": 1e-3, "trainer.save_every": 2, "trainer.run_dir": str(tmp_path / run),
                 "trainer.progress": False, "trainer.loggers": "[jsonl]"}
         return RMTrainer(load_config(RMConfig, "rm", [f"{k}={v}" for k, v in over.items()]))

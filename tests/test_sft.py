@@ -15,7 +15,7 @@ from tests.grad_check import assert_same_steps, record_steps
 
 def _cfg(model_dir, data, run_dir, **extra) -> SFTConfig:
     base = {"model.path": model_dir, "data.train_files": f"[{data['sft']}]", "data.max_length": 16,
-            "data.batch_size": 16, "optim.micro_batch_size": 16, "optim.lr": 3e-3, "optim.total_steps": 6,
+            "data.batch_size": 16, "optim.micro_batch_size": 16, "optim.lr": 3e-3, "trainer.total_steps": 6,
             "trainer.run_dir": str(run_dir), "trainer.loggers": "[jsonl]", "trainer.progress": False,
             "optim.lr_schedule": "cosine", "optim.warmup_steps": 2}
     base.update(extra)
@@ -30,7 +30,7 @@ def test_sft_lowers_loss_and_exports(tiny_model_dir, arith_data, tmp_path):
     from transformers import AutoModelForCausalLM
 
     cfg = _cfg(tiny_model_dir, arith_data, tmp_path, **{
-        "optim.total_steps": 40, "data.val_files": f"[{arith_data['sft']}]", "trainer.val_before_train": True,
+        "trainer.total_steps": 40, "data.val_files": f"[{arith_data['sft']}]", "trainer.val_before_train": True,
         "eval.prompt_files": f"[{arith_data['test']}]", "eval.reward_functions": "[{name: arithmetic}]",
         "eval.max_prompt_length": 8, "eval.max_response_length": 4, "eval.n": 2, "eval.pass_k": "[1,2]"})
     final = SFTTrainer(cfg).fit()
@@ -116,7 +116,7 @@ def test_fit_claims_run_dir_and_reports_skipped_rows(tiny_model_dir, arith_data,
     from reinforge.data import SFTDataset
     from reinforge.trainers.checkpoint import lock_run_dir
 
-    cfg = _cfg(tiny_model_dir, arith_data, tmp_path, **{"optim.total_steps": 1, "data.max_length": 6,
+    cfg = _cfg(tiny_model_dir, arith_data, tmp_path, **{"trainer.total_steps": 1, "data.max_length": 6,
                                                          "data.overlong": "skip", "trainer.export_hf": False})
     trainer = SFTTrainer(cfg)
     skipped = SFTDataset(arith_data["sft"], trainer.tok, max_length=6, overlong="skip").num_skipped

@@ -2,7 +2,7 @@
 presets/demo_sft.yaml and presets/demo_grpo.yaml. Appends one line to seeds.jsonl (setting,
 seed, the held-out validation curve of the RL run, timings) and prints it.
 
-    python benchmarks/demo_tuning/seeds.py --name sft200 --seed 1 --sft optim.total_steps=200 -- trainer.total_steps=80
+    python benchmarks/demo_tuning/seeds.py --name sft200 --seed 1 --sft trainer.total_steps=200 -- trainer.total_steps=80
 
 The data, model and SFT base are cached per (seed, SFT overrides) under --root, so RL settings
 can be compared from the same base.

@@ -70,7 +70,7 @@ def main() -> None:
     t0 = time.perf_counter()
     if not (sft_dir / "hf" / "config.json").exists():
         cfg = load_config(SFTConfig, "demo_sft", [f"model.path={model_dir}", f"data.train_files=[{data_dir}/sft.parquet]",
-                                                  f"trainer.run_dir={sft_dir}", f"optim.total_steps={args.sft_steps}",
+                                                  f"trainer.run_dir={sft_dir}", f"trainer.total_steps={args.sft_steps}",
                                                   "trainer.progress=false", "trainer.loggers=[jsonl]", *args.sft])
         SFTTrainer(cfg).fit(overwrite=True)  # a crashed earlier SFT (no hf/ yet) is replaced
     sft_s = time.perf_counter() - t0

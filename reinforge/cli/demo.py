@@ -25,7 +25,7 @@ DEMO_TASK = {"task": "arithmetic", "options": {"digits": 2, "ops": "+"}, "n_trai
              "n_sft": 2000}
 
 # A few steps of each stage: the pipeline end to end in well under a minute.
-QUICK_SFT = ["optim.total_steps=5", "optim.warmup_steps=0"]
+QUICK_SFT = ["trainer.total_steps=5", "optim.warmup_steps=0"]
 QUICK_RL = ["trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4", "rollout.val_n=2",
             "trainer.pass_k=[1,2]", "data.max_val_samples=16"]
 QUICK_TASK = {"n_train": 64, "n_test": 16, "n_sft": 256}

@@ -1,4 +1,4 @@
-"""`reinforge <command>`: train | sft | dpo | rm | eval | data | model | report | demo.
+"""`reinforge <command>`: train | sft | dpo | rm | eval | data | model | report | presets | config | demo.
 
 Every training command takes `--config <preset or file.yaml>` plus dotted overrides
 (`rollout.n=8 actor.lr=1e-5`). Errors in input print one clear line and exit non-zero.
@@ -21,7 +21,12 @@ def _add_train_args(p: argparse.ArgumentParser, default_config: str | None) -> N
                    help="continue from this checkpoint folder (runs/x/checkpoints/step_N)")
     p.add_argument("--overwrite", action="store_true",
                    help="delete the previous run in trainer.run_dir first (needed, or --resume, when it holds one)")
-    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8")
+    p.add_argument("--dry-run", action="store_true",
+                   help="run every check a run makes before training (config, model files, tokenizer, data rows "
+                        "with the length rules, reward functions, run dir), print a summary and exit; "
+                        "loads no weights and writes nothing")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8 (quote values with [ ] { } "
+                                                "or spaces: 'data.train_files=[a.parquet]')")
 
 
 # command -> (config schema, trainer class, default --config, help): each runs through `run_training`.
@@ -49,9 +54,19 @@ def run_training(command: str, args) -> int:
     from reinforge.trainers.loop import sigterm_interrupts
     from reinforge.trainers.run_dir import check_reuse, resume_hint
 
+    from reinforge.cli.presets import command_for
+
     schema, trainer_cls, _, _ = TRAINERS[command]
+    if args.config:
+        command_for(args.config, command)  # `reinforge train --config sft` names `reinforge sft`
     cfg = load_config(_load(schema), args.config, args.overrides)
     resume = args.resume_from or args.resume
+    if args.dry_run:
+        from reinforge.cli.dry_run import dry_run
+
+        lines = dry_run(command, cfg, resume, args.overwrite)
+        print("dry run: every check passed; nothing trained or written\n  " + "\n  ".join(lines))
+        return 0
     check_reuse(cfg.trainer.run_dir, bool(resume), args.overwrite)  # again in fit(); here before the model loads
     # The trainer's constructor runs preflight (every check that builds no model) before it loads one.
     trainer = None
@@ -171,6 +186,21 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("report", help="plots and an HTML page for a run directory")
     p.add_argument("run_dir")
     p.set_defaults(fn=cmd_report)
+    p = sub.add_parser("presets", help="list the presets: name, the command each is for, one line on what it sets")
+    p.set_defaults(fn=_lazy("reinforge.cli.presets:cmd_presets"))
+    p = sub.add_parser("config", help="print the resolved config of a training command as YAML (usable as --config)",
+                       description="Print the config a training command would run with: dataclass defaults <- "
+                                   "--config preset or YAML <- overrides, checked by the config's rules (ranges, "
+                                   "names, batch sizes, model folder and data files exist) unless --no-validate. "
+                                   "The command comes from --command, else from the preset's header (reinforge "
+                                   "presets), else train.")
+    p.add_argument("--config", default=None, help="preset name or YAML file (default: the command's default preset)")
+    p.add_argument("--command", choices=list(TRAINERS), default=None,
+                   help="the training command whose config this is (default: the preset's)")
+    p.add_argument("--no-validate", action="store_true",
+                   help="print the merged config without the config's rules (e.g. before model.path exists)")
+    p.add_argument("overrides", nargs="*", help="dotted overrides, e.g. rollout.n=8")
+    p.set_defaults(fn=_lazy("reinforge.cli.presets:cmd_config"))
     p = sub.add_parser("demo", help="the main job: data -> SFT -> GRPO on a built-in task, on CPU")
     p.add_argument("--quick", action="store_true", help="a few steps only (used by the tests)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, model init, SFT and RL (make demo: 0)")
@@ -179,8 +209,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+LOADS_MODELS = ("train", "sft", "dpo", "rm", "eval", "model", "demo")
+
+
+def quiet_transformers() -> None:
+    """reinforge shows its own progress; transformers' bars and notices (e.g. the critic's
+    "newly initialised value head") would repeat it. Called by the commands that load models."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    hf_logging.set_verbosity_error()
+
+
 def main(argv: list[str] | None = None) -> int:
-    from reinforge.cli.errors import USER_ERRORS
+    """Parse, then run the command. Nothing heavy (torch, transformers) is imported before the
+    command runs, so `--help`, `presets` and argument errors answer at once."""
+    from reinforge.cli.errors import is_user_error
 
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
@@ -189,18 +233,18 @@ def main(argv: list[str] | None = None) -> int:
         listed.extend(extra)  # key=value after a flag: argparse fills a positional list only once
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # reinforge shows its own progress
-    hf_logging.set_verbosity_error()  # e.g. the critic's "newly initialised value head" report
     try:
+        if args.command in LOADS_MODELS:
+            quiet_transformers()
         return args.fn(args)
-    except USER_ERRORS as e:
-        print(f"reinforge: error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("reinforge: interrupted; resume with --resume", file=sys.stderr)
         return 130
+    except Exception as e:
+        if not is_user_error(e):
+            raise
+        print(f"reinforge: error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

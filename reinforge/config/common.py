@@ -34,10 +34,6 @@ class AdamWConfig:
 class OptimConfig(AdamWConfig):
     micro_batch_size: int = 16
     """Rows (SFT) or pairs (DPO, RM) per forward/backward; gradients accumulate to the batch exactly."""
-    total_steps: int = 0
-    """Optimizer steps; 0 means derive from `epochs`."""
-    epochs: float = 1.0
-    """Passes over the training data when total_steps is 0."""
 
 
 @dataclass
@@ -62,6 +58,16 @@ class RunConfig:
     """Show a progress bar."""
     export_hf: bool = True
     """Write the final model as a from_pretrained-loadable folder in run_dir/hf."""
+
+
+@dataclass
+class SupervisedRunConfig(RunConfig):
+    """The run section of SFT, DPO and RM: the step budget sits here, as trainer.total_steps
+    does in RL, and may derive from the data size."""
+    total_steps: int = 0
+    """Optimizer steps; 0 means derive from trainer.epochs and the number of training rows."""
+    epochs: float = 1.0
+    """Passes over the training data when trainer.total_steps is 0."""
 
 
 @dataclass

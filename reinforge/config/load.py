@@ -25,8 +25,40 @@ class ConfigError(ValueError):
     """A config that cannot be used; the message names the key(s) and the rule."""
 
 
+# Keys that moved: the old name fails with the new one named (no silent alias, so a config
+# never holds both). One name per concept in every command: the step budget is trainer.*.
+RENAMED = {"optim.total_steps": "trainer.total_steps", "optim.epochs": "trainer.epochs"}
+
+
+TRAINING_COMMANDS = ("train", "sft", "dpo", "rm")
+
+
 def list_presets() -> list[str]:
     return sorted(p.stem for p in PRESET_DIR.glob("*.yaml"))
+
+
+def yaml_header(path: Path) -> tuple[str | None, str]:
+    """(command, description) from a config file's first line, `# <command>: <description>`
+    (each preset has one; `reinforge presets` lists them). (None, "") for a file without it."""
+    with open(path, encoding="utf-8", errors="replace") as f:
+        first = f.readline().strip()
+    command, _, text = first.lstrip("#").strip().partition(":")
+    if not first.startswith("#") or command not in TRAINING_COMMANDS:
+        return None, ""
+    return command, text.strip()
+
+
+def config_command(name_or_path: str, seen: tuple = ()) -> str | None:
+    """The command a preset or YAML file is for: its header's, else its `base:`'s, else None."""
+    path = resolve_config_path(name_or_path)
+    command, _ = yaml_header(path)
+    if command or path in seen:
+        return command
+    try:
+        base = (yaml.safe_load(path.read_text(encoding="utf-8")) or {}).get("base")
+    except (yaml.YAMLError, UnicodeDecodeError, AttributeError):
+        return None  # load_config reports the file's own error
+    return config_command(str(base), seen + (path,)) if base else None
 
 
 def resolve_config_path(name_or_path: str) -> Path:
@@ -91,6 +123,9 @@ def _check_keys(schema, data: dict, prefix: str = "") -> None:
     valid = {f.name: f for f in fields(schema)}
     for key, value in data.items():
         dotted = f"{prefix}{key}"
+        if dotted in RENAMED:
+            raise ConfigError(f"config key {dotted!r} is now {RENAMED[dotted]!r} (the same name in every "
+                              f"command); write {RENAMED[dotted]}={value}")
         if key not in valid:
             close = did_you_mean(key, valid, prefix)
             hint = f"; {close.strip()}" if close else f"; valid keys: {sorted(valid)}"

@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, RunConfig
+from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, SupervisedRunConfig
 from reinforge.config.schema import ModelConfig
 from reinforge.config.ranges import check_ranges
 from reinforge.config.validate import (check_choice, check_data_files, check_model_path, need,
@@ -69,7 +69,7 @@ class RMParams:
 
 
 @dataclass
-class PrefTrainerConfig(RunConfig):
+class PrefTrainerConfig(SupervisedRunConfig):
     run_dir: str = "runs/pref"
     """Run directory: config, metrics, checkpoints, hf export."""
 

@@ -20,8 +20,9 @@ POS, NONNEG, COUNT, SIZE, UNIT, PROB = "(0, inf)", "[0, inf)", "[0, inf)", "[1, 
 RANGES: dict[str, dict[str, str]] = {
     # reinforge/config/common.py
     "AdamWConfig": dict(lr=NONNEG, weight_decay=NONNEG, betas="each [0, 1)", warmup_steps=COUNT, grad_clip=NONNEG),
-    "OptimConfig": dict(micro_batch_size=SIZE, total_steps=COUNT, epochs=NONNEG),
+    "OptimConfig": dict(micro_batch_size=SIZE),
     "RunConfig": dict(seed=COUNT, save_every=COUNT, keep_last=COUNT, val_every=COUNT),
+    "SupervisedRunConfig": dict(total_steps=COUNT, epochs=NONNEG),
     "GenEvalConfig": dict(max_prompt_length=SIZE, max_response_length=SIZE, max_samples=SIZE, n=SIZE,
                           temperature=POS, batch_size=SIZE),
     # reinforge/config/schema.py (RL)

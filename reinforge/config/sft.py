@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Optional
 
-from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, RunConfig
+from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, SupervisedRunConfig
 from reinforge.config.schema import ModelConfig
 from reinforge.config.ranges import check_ranges
 from reinforge.config.validate import (check_choice, check_data_files, check_model_path, normalize_reward_functions,
@@ -54,7 +54,7 @@ class SFTEvalConfig(GenEvalConfig):
 
 
 @dataclass
-class SFTTrainerConfig(RunConfig):
+class SFTTrainerConfig(SupervisedRunConfig):
     run_dir: str = "runs/sft"
     """Run directory: config, metrics, checkpoints, hf export."""
     val_before_train: bool = False

@@ -89,12 +89,34 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None
                                    fused=fused, chunk_size=chunk_size)[0]
 
 
+def load_sft_data(cfg: SFTConfig, tok) -> tuple[list[dict], list[dict]]:
+    """Training rows (packed when data.packing) and held-out rows (unpacked: the validation loss
+    is per example), read and tokenized with the length rules; then validate_sft with the number
+    of rows fixes cfg.derived["total_steps"]. `reinforge sft --dry-run` stops after this."""
+    from reinforge.data import SFTDataset
+
+    d = cfg.data
+
+    def load(files: list, what: str) -> tuple[list[dict], int]:
+        parts = [SFTDataset(f, tok, max_length=d.max_length, overlong=d.overlong) for f in files]
+        skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
+                               "data.overlong=skip")
+        return [it for p in parts for it in p], skipped
+
+    train, cfg.derived["skipped_rows"] = load(d.train_files, "training rows")
+    # Packing happens once, in file order; the loader then shuffles whole packed rows.
+    train_rows = pack_examples(train, d.max_length) if d.packing else train
+    val_rows, _ = load(d.val_files, "held-out rows")
+    validate_sft(cfg, len(train_rows))
+    return train_rows, val_rows
+
+
 # ---- the trainer --------------------------------------------------------------------------------
 class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
     progress_desc = "sft"
 
     def __init__(self, cfg: SFTConfig):
-        from reinforge.data import PromptLoader, SFTDataset  # PromptLoader: a seeded, resumable order
+        from reinforge.data import PromptLoader  # a seeded, resumable order
         from reinforge.models.loading import load_causal_lm, load_tokenizer
         from reinforge.trainers.preflight import preflight
 
@@ -104,19 +126,8 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         seed_everything(cfg.trainer.seed)
         self.device = cfg.derived["device"]
         self.tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-
-        def load(files: list, what: str) -> tuple[list[dict], int]:
-            parts = [SFTDataset(f, self.tok, max_length=d.max_length, overlong=d.overlong) for f in files]
-            skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
-                                   "data.overlong=skip")
-            return [it for p in parts for it in p], skipped
-
-        train, cfg.derived["skipped_rows"] = load(d.train_files, "training rows")
-        # Packing happens once, in file order; the loader then shuffles whole packed rows.
-        self.train_rows = pack_examples(train, d.max_length) if d.packing else train
-        self.val_rows, _ = load(d.val_files, "held-out rows")  # validation loss is computed unpacked
-        validate_sft(cfg, len(self.train_rows))
-        self.total_steps = cfg.derived["total_steps"]
+        self.train_rows, self.val_rows = load_sft_data(cfg, self.tok)
+        self.total_steps = cfg.derived["total_steps"]  # trainer.total_steps, or derived from trainer.epochs
         self.loader = PromptLoader(self.train_rows, min(d.batch_size, len(self.train_rows)), seed=d.seed)
         self.model = load_causal_lm(m.path, dtype=m.dtype, device=self.device, trust_remote_code=m.trust_remote_code,
                                     attn_implementation=m.attn_implementation,

@@ -1,0 +1,124 @@
+"""`reinforge train|sft|dpo|rm --dry-run`: every check a run makes before it trains, then a summary.
+
+In the order a run makes them: the config's rules and each file it names (trainers/preflight.py:
+ranges, model folders' config.json, safetensors headers and tokenizer files, reward functions
+imported and their signatures checked, LoRA targets), the run directory's reuse rule and whether
+it can be written, the tokenizer loaded, and the data read and tokenized with the length rules
+(the trainers' own loading functions, so skips and errors are those of a run). No model weights
+load and nothing is written: a run directory that does not exist is not created.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import struct
+from pathlib import Path
+
+from reinforge.config.load import ConfigError
+
+
+def writable_run_dir(run_dir: str) -> str:
+    """How a run would use `run_dir`, checked without creating it: "exists" or "will be created";
+    ConfigError when it (or its nearest existing parent) is a file or cannot be written."""
+    path = Path(run_dir).absolute()
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not existing.is_dir():
+        raise ConfigError(f"trainer.run_dir={run_dir!r} cannot be written ({existing} is a file, not a folder); "
+                          "choose another trainer.run_dir")
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise ConfigError(f"trainer.run_dir={run_dir!r} cannot be written (no permission on {existing}); "
+                          "choose another trainer.run_dir")
+    return "exists" if existing == path else "will be created"
+
+
+def count_parameters(folder: str) -> int | None:
+    """Parameters of the model in `folder`, summed over its safetensors headers' shapes (tied
+    weights are stored once, as `model.parameters()` counts them); None for .bin weights."""
+    from reinforge.models.checks import weight_files
+
+    total = 0
+    for f in weight_files(folder):
+        if f.suffix != ".safetensors":
+            return None
+        with open(f, "rb") as fh:
+            (n,) = struct.unpack("<Q", fh.read(8))
+            header = json.loads(fh.read(n))
+        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return total
+
+
+def _model_line(cfg) -> str:
+    path = cfg.model.path
+    config = json.loads((Path(path) / "config.json").read_text(encoding="utf-8"))
+    n = count_parameters(path)
+    size = f"{n / 1e6:.2f}M parameters" if n is not None else "parameters unknown (.bin weights)"
+    return (f"model.path={path} ({config.get('model_type', '?')}, {size}, "
+            f"max_position_embeddings={config.get('max_position_embeddings', '?')}); weights not loaded")
+
+
+def _skipped(cfg, key: str, limit: str) -> str:
+    n = cfg.derived.get(key, 0)
+    return f", {n} skipped (longer than {limit})" if n else ""
+
+
+def _data_lines(command: str, cfg, tok) -> list[str]:
+    """Reads the data as the trainer of `command` does; one line per dataset."""
+    d = cfg.data
+    if command == "train":
+        from reinforge.trainers.rl_setup import load_data
+
+        train, val_items = load_data(cfg, tok)
+        lines = [f"data.train_files: {len(train)} prompts"
+                 f"{_skipped(cfg, 'skipped_prompts', f'data.max_prompt_length={d.max_prompt_length}')}; "
+                 f"{cfg.trainer.total_steps} steps of {d.train_batch_size} prompts x {cfg.rollout.n} samples"]
+        if d.val_files:
+            lines.append(f"data.val_files: {len(val_items)} prompts used for validation (data.max_val_samples)")
+        return lines
+    if command == "sft":
+        from reinforge.trainers.sft import load_sft_data
+
+        train, val = load_sft_data(cfg, tok)
+        what = "packed rows" if d.packing else "rows"
+        lines = [f"data.train_files: {len(train)} {what}{_skipped(cfg, 'skipped_rows', f'data.max_length={d.max_length}')}"
+                 f"; {cfg.derived['total_steps']} steps of {d.batch_size}"]
+    else:
+        from reinforge.config.preference import validate_preference
+        from reinforge.trainers.preference_common import load_pairs
+
+        train, val = load_pairs(cfg, tok)
+        validate_preference(cfg, len(train))
+        lines = [f"data.train_files: {len(train)} training pairs"
+                 f"{_skipped(cfg, 'skipped_rows', f'data.max_length={d.max_length}')}"
+                 f"; {cfg.derived['total_steps']} steps of {d.batch_size}"]
+    if val:
+        lines.append(f"held-out: {len(val)} {'rows' if command == 'sft' else 'pairs'}")
+    return lines
+
+
+def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
+    """Run every pre-training check of `command` on `cfg` (raising the run's own errors) and
+    return the summary lines."""
+    from reinforge.models.loading import load_tokenizer
+    from reinforge.trainers.checkpoint import latest_checkpoint
+    from reinforge.trainers.preflight import preflight, reward_functions
+    from reinforge.trainers.run_dir import check_reuse
+
+    preflight(cfg)
+    run_dir = cfg.trainer.run_dir
+    check_reuse(run_dir, bool(resume), overwrite)
+    state = writable_run_dir(run_dir)
+    if resume is True:
+        ckpt = latest_checkpoint(Path(run_dir) / "checkpoints")
+        state += f"; resumes from {ckpt}" if ckpt else "; no checkpoint yet: starts at step 0"
+    elif resume:
+        state += f"; resumes from {resume}"
+    m = cfg.model
+    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    rewards = [spec for _, spec in reward_functions(cfg)]
+    if getattr(cfg, "reward", None) is not None and cfg.reward.reward_model_path:
+        rewards.append(f"reward model {cfg.reward.reward_model_path}")
+    return [_model_line(cfg), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens",
+            *_data_lines(command, cfg, tok),
+            f"reward functions: {', '.join(rewards) if rewards else 'none'}",
+            f"trainer.run_dir={run_dir} ({state})"]

@@ -1,0 +1,67 @@
+"""`reinforge presets` (each preset, its command and one line) and `reinforge config` (the resolved
+config a training command would run with, as YAML)."""
+from __future__ import annotations
+
+import shlex
+
+from reinforge.config.load import (ConfigError, config_command, list_presets, load_config, resolve_config_path,
+                                   yaml_header)
+
+
+def cmd_presets(args) -> int:
+    """One line per preset: name, the command it is for, and its description (the YAML's first line)."""
+    rows = [(name, *yaml_header(resolve_config_path(name))) for name in list_presets()]
+    width = max(len(name) for name, _, _ in rows)
+    for name, command, text in rows:
+        print(f"{name:<{width}}  {command or '?':<5}  {text}")
+    return 0
+
+
+def command_for(config: str | None, asked: str | None) -> str:
+    """The training command a config is for: `asked` (--command), else the preset's header (or
+    its base's), else train. A preset of another command is refused with the right one named."""
+    found = config_command(config) if config else None
+    if asked and found and asked != found:
+        raise ConfigError(f"--config {config!r} is a `reinforge {found}` config, not `reinforge {asked}`: "
+                          f"run reinforge {found} --config {config} ...")
+    return asked or found or "train"
+
+
+def resolved_config(command: str, config: str | None, overrides: list[str], check: bool = True):
+    """The config object of `command` from the preset/file and overrides; with `check`, after the
+    config's own rules (ranges, names, sizes, files named exist) have filled cfg.derived."""
+    from reinforge.cli.main import TRAINERS, _load
+
+    cfg = load_config(_load(TRAINERS[command][0]), config, overrides)
+    if not check:
+        return cfg
+    if command == "train":
+        from reinforge.config.validate import validate
+
+        return validate(cfg)
+    if command == "sft":
+        from reinforge.config.sft import validate_sft
+
+        return validate_sft(cfg)
+    from reinforge.config.preference import validate_preference
+
+    return validate_preference(cfg)
+
+
+def cmd_config(args) -> int:
+    """Print the resolved config as YAML; its first line names the command, so the output works
+    as `--config file.yaml` (reinforge presets reads the same header)."""
+    import yaml
+
+    from reinforge.cli.main import TRAINERS
+
+    command = command_for(args.config, args.command)
+    config = args.config or TRAINERS[command][2]
+    try:
+        cfg = resolved_config(command, config, list(args.overrides), check=not args.no_validate)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (reinforge config --no-validate prints the config without its checks)") from None
+    line = shlex.join(["reinforge", "config", *(["--config", config] if config else []), *args.overrides])
+    print(f"# {command}: resolved by {line}")
+    print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
+    return 0
