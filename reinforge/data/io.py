@@ -36,9 +36,14 @@ class DataError(ValueError):
     """A dataset problem; the message names the file and, where known, the row and field."""
 
 
+def file_label(path: str) -> str:
+    """How messages name a data file: its base name, or a whole hf://datasets/... path."""
+    return path if path.startswith("hf://") else os.path.basename(path)
+
+
 def row_error(path: str, row: int, field: str, message: str) -> DataError:
     """DataError("train.parquet: row 12: field 'prompt': <message>"); rows count from 0."""
-    return DataError(f"{os.path.basename(path)}: row {row}: field '{field}': {message}")
+    return DataError(f"{file_label(path)}: row {row}: field '{field}': {message}")
 
 
 def require_columns(rows: list[dict], path: str, needed: tuple[str, ...], fix: str) -> None:
@@ -48,22 +53,29 @@ def require_columns(rows: list[dict], path: str, needed: tuple[str, ...], fix: s
     missing = [c for c in needed if c not in columns]
     if missing:
         named = ("column " if len(missing) == 1 else "columns ") + ", ".join(map(repr, missing))
-        raise DataError(f"{os.path.basename(path)}: no {named} (columns: {', '.join(columns)}); {fix}")
+        raise DataError(f"{file_label(path)}: no {named} (columns: {', '.join(columns)}); {fix}")
 
 
 def load_rows(path: str, *, nonempty: bool = False) -> list[dict[str, Any]]:
-    """All rows of a .parquet, .jsonl or .json file as plain dicts (nested values as lists/dicts).
+    """All rows of a .parquet, .jsonl or .json file, a Hub dataset (hf://datasets/...) or a
+    datasets.save_to_disk folder (reinforge.data.hf_datasets) as plain dicts (nested values as
+    lists/dicts).
 
     A .json file may hold a list of objects or JSON lines. Missing or unreadable files and
     rows that are not objects raise DataError naming the file; so does a file with no rows
     when `nonempty`.
     """
+    from reinforge.data.hf_datasets import is_dataset_source, load_dataset_rows
+
     path = os.fspath(path)
-    if not os.path.isfile(path):
+    dataset = is_dataset_source(path)
+    if not dataset and not os.path.isfile(path):
         raise DataError(f"{path}: file not found")
     ext = os.path.splitext(path)[1].lower()
     try:
-        if ext == ".parquet":
+        if dataset:
+            rows = load_dataset_rows(path)
+        elif ext == ".parquet":
             import pyarrow.parquet as pq
 
             rows = pq.read_table(path).to_pylist()
@@ -77,9 +89,9 @@ def load_rows(path: str, *, nonempty: bool = False) -> list[dict[str, Any]]:
         raise DataError(f"{path}: cannot read: {type(exc).__name__}: {exc}") from exc
     for i, row in enumerate(rows):
         if not isinstance(row, dict):
-            raise DataError(f"{os.path.basename(path)}: row {i}: expected an object, got {type(row).__name__}")
+            raise DataError(f"{file_label(path)}: row {i}: expected an object, got {type(row).__name__}")
     if nonempty and not rows:
-        raise DataError(f"{os.path.basename(path)}: no rows")
+        raise DataError(f"{file_label(path)}: no rows")
     return rows
 
 

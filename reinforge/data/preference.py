@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
-from reinforge.data.io import DataError, ItemsDataset, require_columns, row_error
+from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.sft import collate_sft
 from reinforge.data.text import encode, nonempty_ids, render_prompt, response_text
 
@@ -51,7 +50,7 @@ class PreferenceDataset(ItemsDataset):
                 continue
             self.items.append({"prompt_text": text, "prompt_ids": p, "chosen_ids": c + [eos], "rejected_ids": r + [eos]})
         if not self.items:
-            raise DataError(f"{os.path.basename(self.path)}: no pair fits data.max_length={max_length}")
+            raise DataError(f"{file_label(self.path)}: no pair fits data.max_length={max_length}")
 
 
 def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:

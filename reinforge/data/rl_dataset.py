@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
-from reinforge.data.io import DataError, ItemsDataset, require_columns, row_error
+from reinforge.data.hf_datasets import source_name
+from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.text import encode, nonempty_ids, render_prompt
 
 GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution")  # TRL-style, tried in this order
@@ -57,7 +57,7 @@ class RLDataset(ItemsDataset):
             raise ValueError(f"overlong_prompt must be one of {OVERLONG_POLICIES}, got {overlong_prompt!r}")
         rows = self._read(path)
         require_columns(rows, self.path, (prompt_key,), "set data.prompt_key to the prompt column")
-        default_source = os.path.splitext(os.path.basename(self.path))[0]
+        default_source = source_name(self.path)
         # Validate every row before tokenizing anything, so a bad row 90,000 fails in seconds.
         texts, meta = [], []
         for i, row in enumerate(rows):
@@ -91,6 +91,6 @@ class RLDataset(ItemsDataset):
                  "data_source": extra["data_source"], "extra": extra, "index": i}
             )
         if not self.items:
-            raise DataError(f"{os.path.basename(self.path)}: every prompt is longer than "
+            raise DataError(f"{file_label(self.path)}: every prompt is longer than "
                             f"data.max_prompt_length={max_prompt_length} tokens")
 

@@ -12,12 +12,11 @@ An assistant turn's target is its content and the template's end-of-turn (reinfo
 
 from __future__ import annotations
 
-import os
 from typing import TYPE_CHECKING
 
 from reinforge.data.chat_turns import assistant_turns
 from reinforge.data.collate import pad_right
-from reinforge.data.io import DataError, ItemsDataset, require_columns, row_error
+from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.text import check_messages, encode, render_prompt, response_text
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
@@ -105,7 +104,7 @@ class SFTDataset(ItemsDataset):
                 continue
             self.items.append({"input_ids": fitted[0], "loss_mask": fitted[1]})
         if not self.items:
-            raise DataError(f"{os.path.basename(self.path)}: no row fits data.max_length={max_length}")
+            raise DataError(f"{file_label(self.path)}: no row fits data.max_length={max_length}")
 
 
 def collate_sft(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:
