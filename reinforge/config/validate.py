@@ -15,6 +15,7 @@ from reinforge.config.hints import did_you_mean
 from reinforge.config.load import ConfigError
 from reinforge.config.ranges import check_ranges
 from reinforge.config.schema import RLConfig
+from reinforge.data.hf_datasets import is_dataset_source
 from reinforge.data.rl_dataset import OVERLONG_POLICIES
 
 LR_SCHEDULES = ("constant", "cosine", "linear")
@@ -105,6 +106,8 @@ def check_data_files(train_files: Sequence[str], others: Optional[dict[str, Sequ
     need(bool(train_files), f"data.train_files is empty: give at least one {kind}")
     for key, files in {"data.train_files": train_files, **(others or {})}.items():
         for i, f in enumerate(files):
+            if is_dataset_source(str(f)):  # hf://datasets/... or a save_to_disk folder (data/hf_datasets.py)
+                continue
             need(Path(f).exists(), f"{key}[{i}]={f!r}: data file does not exist")
             need(Path(f).is_file(), f"{key}[{i}]={f!r} is a folder; give the {kind}s in it")
 
