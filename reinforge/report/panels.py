@@ -20,7 +20,8 @@ ON_POLICY = ("expected when each batch gets one update on its own rollouts (acto
 @dataclass(frozen=True)
 class Panel:
     """title: plain words; keys: metric names or globs (`val/pass@*`), drawn in this order;
-    zero_note / absent_note: why the panel may be all zero / not logged, shown in its place."""
+    zero_note / absent_note: why the panel may be all zero / not logged, shown in its place;
+    smooth: False for curves that are not noisy (a learning-rate schedule)."""
     slug: str
     title: str
     ylabel: str
@@ -28,6 +29,7 @@ class Panel:
     exclude: tuple[str, ...] = ()
     zero_note: str = ""
     absent_note: str = ""
+    smooth: bool = True
 
 
 VAL_ACC = ("val/acc_greedy", "val/acc_sampled", "val/pass@*")  # the short names every run logs
@@ -66,7 +68,7 @@ SFT_PANELS = [
     Panel("validation_perplexity", "Validation perplexity", "perplexity", ("val/ppl",),
           absent_note="set data.val_files to measure it"),
     Panel("grad_norm", "Gradient norm (before clipping)", "L2 norm", ("train/grad_norm",)),
-    Panel("learning_rate", "Learning rate", "lr", ("train/lr",)),
+    Panel("learning_rate", "Learning rate", "lr", ("train/lr",), smooth=False),
     Panel("throughput", "Throughput", "tokens / s", ("perf/throughput",)),
 ]
 
@@ -92,12 +94,12 @@ DPO_PANELS = _pair_panels("Implicit reward margin (chosen - rejected)") + [
     Panel("validation_accuracy", "Validation accuracy (generation on eval prompts)", "fraction correct",
           VAL_ACC, absent_note="set eval.prompt_files to measure it"),
     Panel("grad_norm", "Gradient norm (before clipping)", "L2 norm", ("grad_norm",)),
-    Panel("learning_rate", "Learning rate", "lr", ("lr",)),
+    Panel("learning_rate", "Learning rate", "lr", ("lr",), smooth=False),
 ]
 
 RM_PANELS = _pair_panels("Reward margin (chosen - rejected)") + [
     Panel("grad_norm", "Gradient norm (before clipping)", "L2 norm", ("grad_norm",)),
-    Panel("learning_rate", "Learning rate", "lr", ("lr",)),
+    Panel("learning_rate", "Learning rate", "lr", ("lr",), smooth=False),
 ]
 
 PANELS = {"rl": RL_PANELS, "sft": SFT_PANELS, "dpo": DPO_PANELS, "rm": RM_PANELS}

@@ -48,7 +48,7 @@ def _save(fig, ax, out: Path) -> Path:
 
 def plot_plan(plan: PanelPlan, out: Path) -> Path:
     """Each line smoothed (centred moving average) over its raw values drawn faint, or drawn raw
-    with markers when it has too few points to smooth. Steps are integers on the x axis."""
+    (with markers when it has too few points to smooth). Steps are integers on the x axis."""
     fig, ax = _axes(plan.panel.title, plan.panel.ylabel)
     windows = set()
     colors: dict[str, str] = {}  # training metric without its train/ prefix -> its colour
@@ -64,15 +64,15 @@ def plot_plan(plan: PanelPlan, out: Path) -> Path:
             n_colors += 1
             colors.setdefault(base, color)
         style = "--" if partner else "-"
-        w = smoothing_window(len(line.steps))
+        w = smoothing_window(len(line.steps)) if plan.panel.smooth else 1
         if w > 1:
             windows.add(w)
             ax.plot(line.steps, line.values, color=color, linewidth=0.8, alpha=0.25)
             ax.plot(line.steps, centred_mean(line.values, w), color=color, linestyle=style, linewidth=1.8,
                     label=line.label)
         else:
-            ax.plot(line.steps, line.values, color=color, linestyle=style, linewidth=1.5, marker="o",
-                    markersize=3, label=line.label)
+            ax.plot(line.steps, line.values, color=color, linestyle=style, linewidth=1.5,
+                    marker="o" if len(line.steps) < 30 else None, markersize=3, label=line.label)
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if windows:
         ws = "/".join(map(str, sorted(windows)))
