@@ -54,7 +54,7 @@ RL_PANELS = [
     Panel("grad_norm", "Gradient norm (before clipping)", "L2 norm", ("actor/grad_norm", "critic/grad_norm")),
     Panel("zero_variance_groups", "Groups whose rewards are all equal (no signal)", "fraction of groups",
           ("diag/zero_var_group_frac",)),
-    Panel("advantage_position_correlation", "Advantage vs position in the response", "Pearson r",
+    Panel("advantage_position_correlation", "Correlation of advantage with token position", "Pearson r",
           ("diag/adv_pos_corr",)),
     Panel("timing", "Time per stage of a step", "seconds", ("timing_s/*",), exclude=("timing_s/step", "timing_s/val")),
     Panel("validation_time", "Time per validation", "seconds", ("timing_s/val",)),

@@ -30,16 +30,17 @@ KIND_NAMES = {"rl": "RL", "sft": "SFT", "dpo": "DPO", "rm": "reward model"}
 
 def _axes(title: str, ylabel: str, xlabel: str = "training step"):
     fig, ax = plt.subplots(figsize=(6.4, 3.6), dpi=100)
-    ax.set_title(title, fontsize=11)
-    ax.set_xlabel(xlabel, fontsize=8)
-    ax.set_ylabel(ylabel, fontsize=9)
-    ax.tick_params(labelsize=8)
+    # sizes for a figure shown about 450 px wide in the report's grid
+    ax.set_title(title, fontsize=12)
+    ax.set_xlabel(xlabel, fontsize=9)
+    ax.set_ylabel(ylabel, fontsize=10)
+    ax.tick_params(labelsize=9)
     ax.grid(alpha=0.3)
     return fig, ax
 
 
 def _save(fig, ax, out: Path) -> Path:
-    ax.legend(fontsize=7, loc="best")
+    ax.legend(fontsize=8, loc="best")
     fig.tight_layout()
     fig.savefig(out)
     plt.close(fig)
@@ -76,7 +77,7 @@ def plot_plan(plan: PanelPlan, out: Path) -> Path:
     ax.xaxis.set_major_locator(MaxNLocator(integer=True))
     if windows:
         ws = "/".join(map(str, sorted(windows)))
-        ax.set_xlabel(f"training step  (bold: centred moving average of {ws} points; faint: raw)", fontsize=8)
+        ax.set_xlabel(f"training step  (bold: centred moving average of {ws} points; faint: raw)", fontsize=9)
     return _save(fig, ax, out)
 
 
