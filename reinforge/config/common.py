@@ -13,6 +13,23 @@ class RootConfig:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    @classmethod
+    def from_preset(cls, preset: str | None = None, /, **overrides):
+        """A preset name or YAML path, then `overrides` as dotted keys (**{"actor.lr": 1e-6}) or
+        nested dicts (trainer={"total_steps": 2}); checked like command-line overrides."""
+        from reinforge.config.from_python import config_from
+
+        return config_from(cls, preset, overrides)
+
+    @classmethod
+    def from_dict(cls, values: dict):
+        """The defaults, then `values` shaped like a YAML config (nested sections or dotted
+        keys; `base:` names a preset or YAML file to start from)."""
+        from reinforge.config.from_python import config_from
+
+        values = dict(values)
+        return config_from(cls, values.pop("base", None), values)
+
 
 @dataclass
 class AdamWConfig:

@@ -99,6 +99,9 @@ def check_batch_sizes(batch: int, mini: int, micro: int, section: str) -> tuple[
     return mini, micro
 
 
+IN_MEMORY_PREFIX = "python:"
+
+
 def check_data_files(train_files: Sequence[str], others: Optional[dict[str, Sequence[str]]] = None,
                      kind: str = "parquet/JSONL file") -> None:
     """data.train_files must be non-empty, and every file it and `others` ({dotted key: files})
@@ -106,6 +109,8 @@ def check_data_files(train_files: Sequence[str], others: Optional[dict[str, Sequ
     need(bool(train_files), f"data.train_files is empty: give at least one {kind}")
     for key, files in {"data.train_files": train_files, **(others or {})}.items():
         for i, f in enumerate(files):
+            if str(f).startswith(IN_MEMORY_PREFIX):  # rows handed to the trainer in Python (trainers/inputs.py)
+                continue
             if is_dataset_source(str(f)):  # hf://datasets/... or a save_to_disk folder (data/hf_datasets.py)
                 continue
             need(Path(f).exists(), f"{key}[{i}]={f!r}: data file does not exist")

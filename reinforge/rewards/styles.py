@@ -180,8 +180,8 @@ def signature_error(fn: Callable, c: Calling, forced: bool) -> str | None:
             sig.bind(*args, **kwargs)
     except TypeError as exc:
         name = getattr(fn, "__name__", type(fn).__name__)
-        if forced or c.style != "reinforge":
-            return f"{name}{sig} cannot be called as a {c.style}-style reward, {c.signature} ({exc})"
+        if forced or c.style != "reinforge" or {"prompt", "response", "prompts", "responses"} & set(sig.parameters):
+            return f"{name}{sig} cannot be called as {c.signature} ({c.style} style: {exc})"
         wanted = "; ".join(f"{s}: {SIGNATURES[s]}" for s in STYLES)
         return f"{name}{sig} fits no reward-function style ({exc}). Expected {wanted}; or set style: " \
                f"{'|'.join(STYLES)} in its reward.functions entry"

@@ -29,16 +29,20 @@ from reinforge.trainers.logging import Timer
 from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.metrics import batch_metrics
 from reinforge.trainers.perf import StageTimer, matmul_params, matmul_peak_flops, rl_step_flops
+from reinforge.trainers.inputs import python_inputs
 from reinforge.trainers.rl_setup import build_components
 from reinforge.trainers.validation import prompts_batch, validate
 from reinforge.workers.actor import on_policy_update
 
 
 class RLTrainer(TrainingLoop):
-    def __init__(self, cfg):
+    def __init__(self, cfg, reward_funcs=None, train_dataset=None, eval_dataset=None):
+        """`cfg`: an RLConfig (RLConfig.from_preset("grpo", ...)). The other arguments, for Python
+        users, replace reward.functions, data.train_files and data.val_files: reward callables
+        in any style, and a datasets.Dataset, a list of dicts or a path (trainers/inputs.py)."""
         self.cfg = cfg
         seed_everything(cfg.trainer.seed)
-        c = build_components(cfg)
+        c = build_components(cfg, python_inputs(cfg, reward_funcs, train_dataset, eval_dataset))
         self.tok, self.actor_model, self.critic_model = c.tokenizer, c.actor_model, c.critic_model
         self.rollout, self.reward, self.actor = c.rollout, c.reward, c.actor
         self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl

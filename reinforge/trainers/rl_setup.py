@@ -50,11 +50,13 @@ class ConcatDataset:
         return self.parts[i][j]
 
 
-def load_prompts(files: list[str], tokenizer, cfg: RLConfig):
-    from reinforge.data import RLDataset
+def load_prompts(files: list[str], tokenizer, cfg: RLConfig, rows: dict | None = None, key: str = "data.train_files"):
+    """The prompts of `files` (paths, or "python:..." names of `rows` handed over in Python)."""
+    from reinforge.trainers.inputs import PromptDataset, prompt_source
 
-    parts = [RLDataset(f, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-                       overlong_prompt=cfg.data.overlong_prompt, prompt_key=cfg.data.prompt_key) for f in files]
+    parts = [PromptDataset(prompt_source(f, key, rows or {}), tokenizer, name=f,
+                           max_prompt_length=cfg.data.max_prompt_length, overlong_prompt=cfg.data.overlong_prompt,
+                           prompt_key=cfg.data.prompt_key) for f in files]
     return parts[0] if len(parts) == 1 else ConcatDataset(parts)
 
 
@@ -140,11 +142,11 @@ def build_ray_workers(cfg: RLConfig) -> tuple[Workers, Any]:
     return w, group
 
 
-def load_data(cfg: RLConfig, tok) -> tuple[Any, list]:
+def load_data(cfg: RLConfig, tok, rows: dict | None = None) -> tuple[Any, list]:
     """The training prompts and the validation items (the first data.max_val_samples), read and
     tokenized with the length rules; skipped prompts counted in cfg.derived. `reinforge train
-    --dry-run` stops after this."""
-    train = load_prompts(list(cfg.data.train_files), tok, cfg)
+    --dry-run` stops after this. `rows`: datasets handed over in Python (trainers/inputs.py)."""
+    train = load_prompts(list(cfg.data.train_files), tok, cfg, rows)
     if len(train) < cfg.data.train_batch_size:
         raise ConfigError(f"data.train_files hold {len(train)} usable prompts, fewer than "
                          f"data.train_batch_size={cfg.data.train_batch_size}")
@@ -153,19 +155,19 @@ def load_data(cfg: RLConfig, tok) -> tuple[Any, list]:
         f"data.max_prompt_length={cfg.data.max_prompt_length}", "data.overlong_prompt=skip")
     val_items = []
     if cfg.data.val_files:
-        val = load_prompts(list(cfg.data.val_files), tok, cfg)
+        val = load_prompts(list(cfg.data.val_files), tok, cfg, rows, "data.val_files")
         val_items = [val[i] for i in range(min(len(val), cfg.data.max_val_samples))]
     return train, val_items
 
 
-def build_components(cfg: RLConfig) -> Components:
+def build_components(cfg: RLConfig, rows: dict | None = None) -> Components:
     from reinforge.data import PromptLoader
 
     preflight(cfg)  # validate, the model folders' files, the reward functions
     check_writable(cfg.trainer.run_dir)  # before any model loads
     device, m = cfg.derived["device"], cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    train, val_items = load_data(cfg, tok)
+    train, val_items = load_data(cfg, tok, rows)
     if cfg.trainer.backend == "ray":
         w, group = build_ray_workers(cfg)
         from reinforge.distributed.proxies import SyncedRollout

@@ -186,8 +186,8 @@ def test_forced_style_and_signature_errors(fns):
     m = _module(fns)
     check_reward_signature(m["compute_score"], "cs")  # detected verl: fine
     check_reward_signature(m["accuracy_reward"], "acc")  # trl: `solution` is a column, known at run time
-    with pytest.raises(ConfigError, match=r"reward 'cs': compute_score\(.*\) cannot be called as a trl-style reward, "
-                                          r"fn\(prompts, completions"):
+    with pytest.raises(ConfigError, match=r"reward 'cs': compute_score\(.*\) cannot be called as fn\(prompts, "
+                                          r"completions, completion_ids=None, \*\*kwargs\) -> list \(trl style"):
         check_reward_signature(m["compute_score"], "cs", "trl")
 
     def two_args(x, y):

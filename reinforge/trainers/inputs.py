@@ -1,0 +1,105 @@
+"""What a Python user hands a trainer besides its config: reward functions and datasets in memory.
+
+    RLTrainer(cfg, reward_funcs=[fn], train_dataset=ds, eval_dataset=None).fit()
+
+- reward_funcs: callables in any reward style (reinforge.rewards.styles), spec strings
+  ("math_verify", "file.py:fn"), or {"name": fn, "weight": w, "style": s}; they replace
+  reward.functions. A callable is recorded in config.yaml as "python:<its name>".
+- train_dataset / eval_dataset: a `datasets.Dataset`, a list of dicts, or a path (anything
+  data.train_files takes). Rows in memory are recorded as "python:train_dataset" /
+  "python:eval_dataset" in data.train_files / data.val_files and pass the same row checks
+  as a file's rows (reinforge.data.RLDataset).
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from reinforge.config.load import ConfigError
+from reinforge.config.validate import IN_MEMORY_PREFIX
+from reinforge.data import DataError, RLDataset
+from reinforge.rewards.styles import ROW_KEY
+
+TRAIN_ROWS, EVAL_ROWS = IN_MEMORY_PREFIX + "train_dataset", IN_MEMORY_PREFIX + "eval_dataset"
+
+
+def dataset_rows(data: Any, name: str) -> list[dict] | str:
+    """A path as a string, or the rows of a `datasets.Dataset` or a list of dicts."""
+    if isinstance(data, (str, os.PathLike)):
+        return os.fspath(data)
+    if isinstance(data, dict):  # datasets.DatasetDict is a dict of splits
+        raise DataError(f"{name}: got a dict of {sorted(data)[:4]}; pass one split, e.g. ds['train']")
+    if hasattr(data, "to_list"):  # datasets.Dataset
+        rows = data.to_list()
+    elif isinstance(data, (list, tuple)):
+        rows = list(data)
+    else:
+        raise DataError(f"{name}: expected a datasets.Dataset, a list of dicts or a file path, "
+                        f"got {type(data).__name__}")
+    for i, row in enumerate(rows):
+        if not isinstance(row, dict):
+            raise DataError(f"{name}: row {i}: expected a dict, got {type(row).__name__}")
+    if not rows:
+        raise DataError(f"{name}: no rows")
+    return rows
+
+
+def _reward_entry(item) -> dict:
+    """A reward.functions entry for a callable, a spec string, (fn, weight) or a dict entry."""
+    from reinforge.rewards.registry import register_python_reward
+
+    if isinstance(item, (tuple, list)):
+        item = dict(zip(("name", "weight", "style"), item))
+    entry = dict(item) if isinstance(item, dict) else {"name": item}
+    if callable(entry.get("name")):
+        entry["name"] = register_python_reward(entry["name"])
+    return entry
+
+
+def python_inputs(cfg, reward_funcs=None, train_dataset=None, eval_dataset=None) -> dict[str, list[dict]]:
+    """Write the Python inputs into `cfg` (reward.functions, data.train_files, data.val_files)
+    and return the in-memory rows by the names the data keys now hold."""
+    if reward_funcs is not None:
+        funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
+        cfg.reward.functions = [_reward_entry(f) for f in funcs]
+    rows: dict[str, list[dict]] = {}
+    for data, name, key in ((train_dataset, TRAIN_ROWS, "train_files"), (eval_dataset, EVAL_ROWS, "val_files")):
+        if data is None:
+            continue
+        source = dataset_rows(data, name)
+        if isinstance(source, str):
+            setattr(cfg.data, key, [source])
+        else:
+            rows[name] = source
+            setattr(cfg.data, key, [name])
+    return rows
+
+
+class PromptDataset(RLDataset):
+    """RLDataset over a file or rows in memory, whose items also carry their raw row in
+    extra[ROW_KEY] = (prompt column, row): TRL-style reward functions get the prompt as the row
+    holds it (a message list stays one) and every column under its own name."""
+
+    def __init__(self, source: str | list[dict], tokenizer, *, name: str | None = None, **kwargs):
+        self._rows_in_memory = source if isinstance(source, list) else None
+        super().__init__(name if self._rows_in_memory is not None else source, tokenizer, **kwargs)
+        prompt_key = kwargs.get("prompt_key", "prompt")
+        for item in self.items:
+            item["extra"][ROW_KEY] = (prompt_key, self._rows[item["index"]])
+
+    def _read(self, path, *args, **kwargs) -> list[dict]:
+        if self._rows_in_memory is None:
+            self._rows = super()._read(path, *args, **kwargs)
+        else:
+            self.path, self._rows = os.fspath(path), self._rows_in_memory
+        return self._rows
+
+
+def prompt_source(name: str, key: str, rows: dict[str, list[dict]]) -> str | list[dict]:
+    """The file path or the in-memory rows that the data key's entry `name` stands for."""
+    if not name.startswith(IN_MEMORY_PREFIX):
+        return name
+    if name not in rows:
+        raise ConfigError(f"{key}: {name!r} stands for rows handed to RLTrainer(train_dataset=..., "
+                          "eval_dataset=...) in Python; pass them that way again, or give a data file")
+    return rows[name]
