@@ -5,6 +5,7 @@ only to add fields or change defaults."""
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import Optional
 
 
 class RootConfig:
@@ -69,8 +70,16 @@ class RunConfig:
     """Evaluate on the held-out data every k steps (0: only at the end)."""
     val_before_train: bool = True
     """Evaluate once before the first step."""
+    val_sampled: str = "end"
+    """When validation also samples (mean@n, pass@k) besides greedy decoding: end (only at the
+    last step), always, or never. Sampling costs n generations per prompt, greedy one."""
     loggers: list = field(default_factory=lambda: ["console", "jsonl", "tensorboard"])
     """console, jsonl, tensorboard, wandb, mlflow."""
+    project_name: Optional[str] = None
+    """wandb project / MLflow experiment; None: $WANDB_PROJECT for wandb (else "reinforge"),
+    MLflow's own default ($MLFLOW_EXPERIMENT_NAME)."""
+    experiment_name: Optional[str] = None
+    """The run's name in wandb and MLflow (and TensorBoard's text tab); None: run_dir's folder name."""
     progress: bool = True
     """Show a progress bar."""
     export_hf: bool = True

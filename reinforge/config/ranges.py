@@ -41,7 +41,8 @@ RANGES: dict[str, dict[str, str]] = {
                             target_kl=POS, kl_horizon=SIZE, max_gen_rounds=SIZE, overlong_buffer_len=COUNT,
                             overlong_penalty_factor=NONNEG, value_pretrain_steps=COUNT),
     "RewardConfig": dict(num_workers=COUNT, timeout_s=POS, default_score="(-inf, inf)", max_error_rate=UNIT),
-    "TrainerConfig": dict(total_steps=SIZE, nnodes=SIZE, devices_per_node=SIZE, pass_k="each [1, inf)"),
+    "TrainerConfig": dict(total_steps=SIZE, nnodes=SIZE, devices_per_node=SIZE, pass_k="each [1, inf)",
+                          log_samples_every=COUNT),
     # reinforge/config/sft.py
     "SFTDataConfig": dict(max_length="[2, inf)", batch_size=SIZE, seed=COUNT),
     "SFTEvalConfig": dict(pass_k="each [1, inf)"),

@@ -22,6 +22,7 @@ LR_SCHEDULES = ("constant", "cosine", "linear")
 MODEL_DTYPES = ("auto", "float32", "bfloat16", "float16")
 ATTN_IMPLEMENTATIONS = ("sdpa", "eager")
 LOGGERS = ("console", "jsonl", "tensorboard", "wandb", "mlflow")
+VAL_SAMPLED = ("end", "always", "never")  # trainer.val_sampled: when sampled validation runs
 
 
 def need(cond: bool, msg: str) -> None:
@@ -58,6 +59,7 @@ def check_model_and_run(model, run) -> None:
     unknown = [x for x in run.loggers if x not in LOGGERS]
     need(not unknown, f"trainer.loggers: unknown {unknown}; valid: {', '.join(LOGGERS)}")
 
+    check_choice(run.val_sampled, VAL_SAMPLED, "trainer.val_sampled")
 
 def resolve_device(device: str) -> str:
     import torch

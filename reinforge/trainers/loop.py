@@ -1,9 +1,13 @@
 """The fit loop every trainer (RL, SFT, DPO, RM) shares.
 
     refuse mixing with a previous run -> claim run_dir (lock + config.yaml) -> overwrite or
-    resume (logs cut back to the checkpoint) -> step 0: validate, log -> for each step: step(),
-    after_step(), validate every trainer.val_every, log, checkpoint every trainer.save_every ->
-    export -> close the logger -> finish() -> close()
+    resume (logs cut back to the checkpoint) -> step 0: validate (trainer.val_before_train), log
+    -> for each step: step(), after_step(), validate every trainer.val_every, log, checkpoint
+    every trainer.save_every -> export -> close the logger -> finish() -> close()
+
+Validation samples (mean@n, pass@k) only where trainer.val_sampled says (val_sampled(); by
+default at the last step), greedy elsewhere. The ETA shown counts the validations still due,
+at the time the last one of each kind took (logging.Eta).
 
 SIGTERM (Slurm, `kill`) stops the loop as Ctrl-C does, with `Terminated`, a KeyboardInterrupt;
 either signal arriving during a checkpoint save takes effect once the save is complete.
@@ -16,11 +20,12 @@ from __future__ import annotations
 import signal
 import sys
 import threading
+import time
 from contextlib import contextmanager
 from pathlib import Path
 
 from reinforge.trainers.checkpoint import claim_run_dir, latest_checkpoint, no_checkpoint
-from reinforge.trainers.logging import RunLogger, due, skipped_metrics
+from reinforge.trainers.logging import Eta, RunLogger, due, skipped_metrics
 from reinforge.trainers.run_dir import check_reuse, clear_previous_run, rewind
 
 
@@ -98,6 +103,18 @@ class TrainingLoop:
     def finish(self) -> None:
         """After the run's logger is closed (e.g. render the report)."""
 
+    def sampled_val_cost(self) -> float:
+        """How many greedy validations one sampled validation costs, for the ETA until both
+        kinds have been timed (the RL trainer: 1 + rollout.val_n)."""
+        return 1.0
+
+    # ---- for the trainers' validate() -----------------------------------------------------------
+    def val_sampled(self, step: int | None = None) -> bool:
+        """Whether the validation at `step` (default: the current one) samples as well as decodes
+        greedily (trainer.val_sampled: end = only at the last step, always, never)."""
+        mode, step = self.cfg.trainer.val_sampled, self.step_idx if step is None else step
+        return mode == "always" or (mode == "end" and step == self.total_steps)
+
     def close(self) -> None:
         """Always, last: release workers and pools."""
 
@@ -114,6 +131,19 @@ class TrainingLoop:
             print(f"[reinforge] resuming from {ckpt} at step {self.step_idx}", file=sys.stderr)
         return rewind(self.run_dir, self.step_idx) or None
 
+    def _val_plan(self) -> dict[int, str]:
+        """The steps after the current one that validate -> "sampled" or "greedy"."""
+        t = self.cfg.trainer
+        return {s: "sampled" if self.val_sampled(s) else "greedy"
+                for s in range(self.step_idx + 1, self.total_steps + 1) if due(t.val_every, s, self.total_steps)}
+
+    def _validate_timed(self, logger: RunLogger, eta: Eta) -> dict[str, float]:
+        kind = "sampled" if self.val_sampled() else "greedy"
+        t0 = time.perf_counter()
+        metrics = self.validate(logger)
+        eta.record_val(kind, time.perf_counter() - t0)
+        return metrics
+
     def fit(self, resume: bool | str = False, overwrite: bool = False) -> dict[str, float]:
         """Train to total_steps. `resume`: True (latest checkpoint in run_dir) or a checkpoint path;
         `overwrite`: delete a previous run's artefacts in run_dir first. A run_dir holding a previous
@@ -129,19 +159,24 @@ class TrainingLoop:
                 purge_step = self._continue(resume) if resume else None
                 logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
                                    progress=t.progress, config=self.cfg.to_dict(), desc=self.progress_desc,
-                                   purge_step=purge_step)
+                                   purge_step=purge_step, project_name=t.project_name,
+                                   experiment_name=t.experiment_name)
+                eta = Eta(self._val_plan(), self.total_steps, self.sampled_val_cost())
                 try:
                     if self.step_idx == 0:
-                        last = self.validate(logger) if t.val_before_train else {}
+                        last = self._validate_timed(logger, eta) if t.val_before_train else {}
                         first = {**last, **self.first_metrics()}
                         if first:
                             logger.log(0, first)
                     while self.step_idx < self.total_steps:
                         self.step_idx += 1
+                        t0 = time.perf_counter()
                         metrics = self.step()
                         self.after_step()
+                        eta.record_step(time.perf_counter() - t0)
                         if due(t.val_every, self.step_idx, self.total_steps):
-                            metrics.update(self.validate(logger))
+                            metrics.update(self._validate_timed(logger, eta))
+                        logger.set_eta(eta.seconds_left(self.step_idx))
                         logger.log(self.step_idx, metrics)
                         logger.advance()
                         last = {**last, **metrics}

@@ -73,6 +73,34 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
     return m
 
 
+def sample_rows(batch: Batch, max_groups: int = 8, per_group: int = 4) -> list[dict]:
+    """A few training rollouts to read (samples/train_step_N.jsonl): the first `per_group`
+    samples of each of the first `max_groups` groups, in batch order (no random draw, so the
+    training stream is untouched). Per row: group id, prompt, response, ground truth, each reward
+    function's score (`rewards`, when the reward worker reports them; None where a function did
+    not apply), `score` (their weighted sum plus any reward model / overlong terms), `reward`
+    (the token-level rewards summed: score minus the KL penalty when KL is in the reward), acc,
+    `advantage` (the mean over the response's tokens) and response length."""
+    mask = batch["response_mask"].float()
+    lengths = mask.sum(-1)
+    adv = (batch["advantages"] * mask).sum(-1) / lengths.clamp(min=1)
+    reward = batch["token_level_rewards"].sum(-1)
+    fn_scores = batch["reward_fn_scores"] if "reward_fn_scores" in batch else None
+    rows, taken = [], {}
+    for i, g in enumerate(batch["group_ids"].tolist()):
+        if g not in taken and len(taken) == max_groups or taken.get(g, 0) == per_group:
+            continue
+        taken[g] = taken.get(g, 0) + 1
+        row = {"group": g, "prompt": batch["prompt_text"][i], "response": batch["response_text"][i],
+               "ground_truth": str(batch["ground_truth"][i])}
+        if fn_scores is not None:
+            row["rewards"] = fn_scores[i]
+        row.update(score=float(batch["seq_scores"][i]), reward=float(reward[i]), acc=float(batch["acc"][i]),
+                   advantage=float(adv[i]), response_length=int(lengths[i]))
+        rows.append(row)
+    return rows
+
+
 def _zero_var_group_frac(batch: Batch) -> float:
     flat = zero_variance_groups(batch["seq_scores"], batch["group_ids"])
     gids = batch["group_ids"]

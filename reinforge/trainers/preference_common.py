@@ -162,7 +162,8 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
                 self.model.train()
             out = {f"val/{k}": v for k, v in weighted_mean(parts).items()}
         if self.prompt_eval is not None:
-            out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl"))
+            out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl",
+                                        sampled=self.val_sampled()))
         return out
 
     # ---- the loop ---------------------------------------------------------------------------

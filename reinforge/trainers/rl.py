@@ -14,6 +14,7 @@ logging, checkpoints, resume, export, report).
 from __future__ import annotations
 
 import time
+from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -25,13 +26,13 @@ from reinforge.trainers import stages
 from reinforge.seeding import seed_everything
 from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
                                            save_checkpoint, set_rng_state)
-from reinforge.trainers.logging import Timer
+from reinforge.trainers.logging import Timer, samples_due, write_jsonl
 from reinforge.trainers.loop import TrainingLoop
-from reinforge.trainers.metrics import batch_metrics
+from reinforge.trainers.metrics import batch_metrics, sample_rows
 from reinforge.trainers.perf import StageTimer, matmul_params, matmul_peak_flops, rl_step_flops
 from reinforge.trainers.inputs import python_inputs
 from reinforge.trainers.rl_setup import build_components
-from reinforge.trainers.validation import prompts_batch, validate
+from reinforge.trainers.validation import prompts_batch, validate, validation_size
 from reinforge.workers.actor import on_policy_update
 
 
@@ -121,6 +122,8 @@ class RLTrainer(TrainingLoop):
                 metrics.update(self.actor.update(batch))
         self.rollout.sync_weights(self.actor_model)
         metrics.update(batch_metrics(batch))
+        if samples_due(cfg.trainer.log_samples_every, self.step_idx):
+            write_jsonl(self.run_dir / "samples" / f"train_step_{self.step_idx}.jsonl", sample_rows(batch))
         metrics.update(self.timer.pop())
         elapsed = time.perf_counter() - t0
         metrics["timing_s/step"] = elapsed
@@ -139,18 +142,22 @@ class RLTrainer(TrainingLoop):
         return self.value_pretraining or self.step_idx <= self.cfg.critic.warmup_actor_freeze_steps
 
     # ---- the loop ---------------------------------------------------------------------------
-    def run_validation(self) -> dict[str, float]:
+    def validate(self, logger=None) -> dict[str, float]:
+        """Greedy validation, sampled too where val_sampled(); progress on `logger` (RunLogger)."""
         if not self.val_items:
             return {}
-        with self.timer("val"):
-            m = validate(self.rollout, self.reward, self.val_items, n=self.cfg.rollout.val_n,
+        n, sampled = self.cfg.rollout.val_n, self.val_sampled()
+        size = validation_size(len(self.val_items), n, sampled)
+        what = f"{len(self.val_items)} prompts x (1 greedy{f' + {n} sampled' if sampled else ''})"
+        with self.timer("val"), (logger.val_progress(size, what) if logger else nullcontext(None)) as progress:
+            m = validate(self.rollout, self.reward, self.val_items, n=n,
                          temperature=self.cfg.rollout.val_temperature, pass_k=list(self.cfg.trainer.pass_k),
-                         batch_size=self.cfg.data.val_batch_size,
+                         batch_size=self.cfg.data.val_batch_size, sampled=sampled, progress=progress,
                          samples_path=self.run_dir / "samples" / f"step_{self.step_idx}.jsonl")
         return {**m, **self.timer.pop()}
 
-    def validate(self, logger=None) -> dict[str, float]:
-        return self.run_validation()
+    def sampled_val_cost(self) -> float:
+        return 1.0 + self.cfg.rollout.val_n
 
     @property
     def total_steps(self) -> int:

@@ -133,20 +133,22 @@ def _cut_metrics(path: Path, first_new: int) -> int:
 
 
 def _sample_step(p: Path) -> int:
-    """K of samples/step_K.jsonl; -1 for any other name (never cut)."""
-    m = re.fullmatch(r"step_(\d+)\.jsonl", p.name)
+    """K of samples/step_K.jsonl (validation) and samples/train_step_K.jsonl (training
+    rollouts); -1 for any other name (never cut)."""
+    m = re.fullmatch(r"(?:train_)?step_(\d+)\.jsonl", p.name)
     return int(m.group(1)) if m else -1
 
 
 def rewind(run_dir: Path, step: int) -> int:
     """Cut the run's records back to the checkpoint of `step` (0: none, the run starts over), so
-    that a resumed run logs each step once: metrics.jsonl rows, samples/step_K.jsonl and
-    checkpoints/step_K with K >= first_new go, where first_new = step + 1 (0 when starting over).
+    that a resumed run logs each step once: metrics.jsonl rows, samples/step_K.jsonl,
+    samples/train_step_K.jsonl and checkpoints/step_K with K >= first_new go, where
+    first_new = step + 1 (0 when starting over).
     TensorBoard events cannot be cut in place: at step 0 tensorboard/ is deleted, otherwise the
     caller opens its writer with purge_step=first_new, which hides the later events. Returns first_new."""
     first_new = step + 1 if step else 0
     rows = _cut_metrics(run_dir / "metrics.jsonl", first_new)
-    samples = [p for p in (run_dir / "samples").glob("step_*.jsonl") if _sample_step(p) >= first_new]
+    samples = [p for p in (run_dir / "samples").glob("*.jsonl") if _sample_step(p) >= first_new]
     for p in samples:
         p.unlink()
     later = [p for k, p in step_folders(run_dir / "checkpoints") if k >= first_new]

@@ -189,7 +189,8 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         with self.timer("val"):
             out = self.val_loss()
             if self.prompt_eval is not None:
-                out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl"))
+                out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl",
+                                            sampled=self.val_sampled()))
         return {**out, **self.timer.pop()}
 
     def validate(self, logger=None) -> dict[str, float]:

@@ -1,5 +1,9 @@
-"""Validation: greedy mean@1, sampled mean@n and unbiased pass@k on held-out prompts, plus a
-sample of prompts, responses and rewards written to samples/step_N.jsonl.
+"""Validation: greedy accuracy, and (when asked) sampled mean@n, best@n and unbiased pass@k on
+held-out prompts, plus a sample of prompts, responses and rewards written to samples/step_N.jsonl.
+
+Metric names follow veRL's (`val-core/<data_source>/acc/mean@N`, ...; see `verl_names`), and the
+short names the console, demo, studies and report read stay as aliases (`val/acc_greedy`,
+`val/acc_sampled`, `val/pass@k`, ...).
 
 It runs under `torch.random.fork_rng`, so validating never shifts the training random stream:
 a run validated at different steps still trains bit-identically.
@@ -7,8 +11,10 @@ a run validated at different steps still trains bit-identically.
 from __future__ import annotations
 
 import json
+import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Callable
 
 import torch
 
@@ -25,49 +31,104 @@ def prompts_batch(items: list[dict], first_uid: int) -> Batch:
                   "extra": [it.get("extra", {}) for it in items]})
 
 
-def _generate_and_score(rollout, reward, prompts: Batch, n: int, temperature: float, greedy: bool, batch_size: int):
+def _generate_and_score(rollout, reward, prompts: Batch, n: int, temperature: float, greedy: bool, batch_size: int,
+                        progress: Callable[[int], None]):
     outs = []
     for part in prompts.split(batch_size):
         b = rollout.generate(part, n=n, temperature=temperature, greedy=greedy)
         scored, _ = reward.score(b)
         outs.append(b | scored)
+        progress(len(b))
     return Batch.concat(outs)
 
 
+def _mean(xs) -> float:
+    return sum(xs) / len(xs)
+
+
+def verl_names(src: str, greedy_acc: list[float], greedy_score: list[float], sampled_acc: list[list[float]] | None,
+               sampled_score: list[list[float]] | None, pass_k: list[int]) -> dict[str, float]:
+    """veRL's validation names for one data source, each a mean over its prompts.
+
+    greedy_*: (P,) per prompt; sampled_*: (P, N) per prompt and sample, or None.
+    `acc` (correctness) is the core variable, `reward` (the sequence score) an auxiliary one:
+      val-core/<src>/acc/mean@1                   greedy (veRL's name for n=1 validation)
+      val-core/<src>/acc/mean@N, best@N/mean, worst@N/mean, pass@k (k <= N)   sampled, N >= 2
+      val-aux/<src>/acc/std@N                     the per-prompt std over the N samples
+      val-aux/<src>/reward/mean@1, mean@N, ...    the same for the score (no pass@k)
+    best@N is the exact maximum of the N samples, where veRL bootstraps it. With N = 1 a sampled
+    mean@1 would collide with the greedy one, so it is only in the alias val/acc_sampled."""
+    out: dict[str, float] = {}
+    for var, section, greedy, sampled in (("acc", "val-core", greedy_acc, sampled_acc),
+                                          ("reward", "val-aux", greedy_score, sampled_score)):
+        pre = f"{section}/{src}/{var}"
+        out[f"{pre}/mean@1"] = _mean(greedy)
+        if sampled is None or len(sampled[0]) < 2:
+            continue
+        n = len(sampled[0])
+        out[f"{pre}/mean@{n}"] = _mean([_mean(r) for r in sampled])
+        out[f"val-aux/{src}/{var}/std@{n}"] = _mean([statistics.pstdev(r) for r in sampled])
+        out[f"{pre}/best@{n}/mean"] = _mean([max(r) for r in sampled])
+        out[f"{pre}/worst@{n}/mean"] = _mean([min(r) for r in sampled])
+        if var == "acc":
+            for k in (k for k in pass_k if k <= n):
+                out[f"{pre}/pass@{k}"] = _mean([pass_at_k(n, round(sum(r)), k) for r in sampled])
+    return out
+
+
 def validate(rollout, reward, items: list[dict], *, n: int, temperature: float, pass_k: list[int],
-             batch_size: int, samples_path: Path | None = None, max_samples_saved: int = 32) -> dict[str, float]:
-    """Metrics `val/<data_source>/...` and overall `val/acc_greedy`, `val/acc_sampled`, `val/pass@k`."""
+             batch_size: int, sampled: bool = True, samples_path: Path | None = None, max_samples_saved: int = 32,
+             progress: Callable[[int], None] | None = None) -> dict[str, float]:
+    """Greedy decoding always; with `sampled`, n samples per prompt at `temperature` too.
+
+    Metrics: veRL's names (verl_names) per data source, and the aliases `val/acc_greedy`,
+    `val/score_greedy`, `val/response_length_greedy`, `val/<data_source>/acc_greedy` and, when
+    sampled, `val/acc_sampled`, `val/pass@k`, `val/<data_source>/acc_sampled` (over all sources).
+    `progress(k)` is called as each generation call finishes k sequences; the whole validation
+    is `validation_size(len(items), n, sampled)` sequences."""
     if not items:
         return {}
+    progress = progress or (lambda k: None)
     prompts = prompts_batch(items, 0)
     with torch.random.fork_rng():
-        greedy = _generate_and_score(rollout, reward, prompts, 1, 1.0, True, batch_size)
-        sampled = _generate_and_score(rollout, reward, prompts, n, temperature, False, batch_size)
-    metrics: dict[str, float] = {}
+        greedy = _generate_and_score(rollout, reward, prompts, 1, 1.0, True, batch_size, progress)
+        samp = _generate_and_score(rollout, reward, prompts, n, temperature, False, batch_size, progress) if sampled else None
     by_source = defaultdict(list)
     for i, src in enumerate(greedy["data_source"]):
         by_source[src].append(i)
-    g_acc = greedy["acc"]
-    s_acc = sampled["acc"].view(len(items), n)
+    g_acc, g_score = greedy["acc"], greedy["seq_scores"]
+    s_acc = samp["acc"].view(len(items), n) if sampled else None
+    s_score = samp["seq_scores"].view(len(items), n) if sampled else None
+    metrics: dict[str, float] = {}
     for src, idx in sorted(by_source.items()):
+        metrics.update(verl_names(src, g_acc[idx].tolist(), g_score[idx].tolist(),
+                                  s_acc[idx].tolist() if sampled else None,
+                                  s_score[idx].tolist() if sampled else None, pass_k))
         metrics[f"val/{src}/acc_greedy"] = float(g_acc[idx].mean())
-        metrics[f"val/{src}/acc_sampled"] = float(s_acc[idx].mean())
+        if sampled:
+            metrics[f"val/{src}/acc_sampled"] = float(s_acc[idx].mean())
     metrics["val/acc_greedy"] = float(g_acc.mean())
-    metrics["val/acc_sampled"] = float(s_acc.mean())
-    metrics["val/score_greedy"] = float(greedy["seq_scores"].mean())
-    correct = s_acc.sum(-1).long().tolist()
-    for k in pass_k:
-        if k <= n:
-            metrics[f"val/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
+    metrics["val/score_greedy"] = float(g_score.mean())
     metrics["val/response_length_greedy"] = float(greedy["response_mask"].sum(-1).float().mean())
+    if sampled:
+        metrics["val/acc_sampled"] = float(s_acc.mean())
+        correct = s_acc.sum(-1).long().tolist()
+        for k in pass_k:
+            if k <= n:
+                metrics[f"val/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
     if samples_path is not None:
         samples_path.parent.mkdir(parents=True, exist_ok=True)
         with open(samples_path, "w") as f:
             for i in range(min(max_samples_saved, len(items))):
                 f.write(json.dumps({"prompt": greedy["prompt_text"][i], "response": greedy["response_text"][i],
                                     "ground_truth": str(greedy["ground_truth"][i]),
-                                    "score": float(greedy["seq_scores"][i]), "acc": float(g_acc[i])}) + "\n")
+                                    "score": float(g_score[i]), "acc": float(g_acc[i])}) + "\n")
     return metrics
+
+
+def validation_size(prompts: int, n: int, sampled: bool) -> int:
+    """Sequences one validation generates: a greedy answer per prompt, plus n samples when sampled."""
+    return prompts * (1 + n * sampled)
 
 
 class PromptEvaluator:
@@ -96,11 +157,17 @@ class PromptEvaluator:
         return RewardWorker(self.tok, RewardConfig(functions=list(self.e.reward_functions)), AlgorithmConfig(),
                             max_response_length=self.e.max_response_length, device=self.device)
 
-    def __call__(self, samples_path: Path | None = None) -> dict[str, float]:
+    def size(self, sampled: bool = True) -> int:
+        """Sequences one call generates (for a progress bar)."""
+        return validation_size(len(self.items), self.e.n, sampled)
+
+    def __call__(self, samples_path: Path | None = None, *, sampled: bool = True,
+                 progress: Callable[[int], None] | None = None) -> dict[str, float]:
         if self.reward is None:  # used again after close()
             self.reward = self._reward_worker()
         return validate(self.rollout, self.reward, self.items, n=self.e.n, temperature=self.e.temperature,
-                        pass_k=self.pass_k, batch_size=self.e.batch_size, samples_path=samples_path)
+                        pass_k=self.pass_k, batch_size=self.e.batch_size, sampled=sampled, samples_path=samples_path,
+                        progress=progress)
 
     def close(self) -> None:
         if self.reward is not None:
