@@ -149,8 +149,7 @@ def test_rl_run_greedy_between_steps_sampled_at_the_end(tiny_model_dir, arith_da
     for s in samples:
         assert s["reward"] == pytest.approx(s["score"])  # no KL in the reward
         assert isinstance(s["response"], str) and s["response_length"] >= 0 and math.isfinite(s["advantage"])
-        if "rewards" in s:  # per-function scores, when the reward worker reports them
-            assert s["rewards"]["digit_fraction"] == pytest.approx(s["score"])
+        assert s["rewards"] == {"digit_fraction": pytest.approx(s["score"])}  # the one function, weight 1
     err = capsys.readouterr().err
     assert "validating: 8 prompts x (1 greedy)" in err and "validating: 8 prompts x (1 greedy + 2 sampled)" in err
     assert "step 3/3 (eta 00:00)" in err
