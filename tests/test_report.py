@@ -110,15 +110,17 @@ def test_rl_report_html_grid_and_not_drawn_lines(tmp_path):
     (tmp_path / "samples").mkdir()
     (tmp_path / "samples" / "step_40.jsonl").write_text(json.dumps({"prompt": "1+1=", "response": "2", "score": 1.0}))
     (tmp_path / "samples" / "train_step_10.jsonl").write_text(
-        json.dumps({"prompt": "<b>", "response": "3", "rewards": {"exact": 0.0}, "advantage": -0.5}))
+        json.dumps({"prompt": "<b>", "response": "3", "rewards": {"exact": 0.0, "fmt": None}, "advantage": -0.5}))
     page = write_report(tmp_path).read_text()
     assert "display:grid" in page and page.count('<div class="grid">') == 1
     assert page.count("<figure>") == 4  # all-zero ppo_kl and clip fraction are lines of text
     assert 'alt="Reward of training rollouts"' in page and "critic/score/mean = reward/acc" in page
     assert "Old-vs-new policy KL (within an update) (actor/ppo_kl): 0 at every step" in page
     assert "Value loss (critic/vf_loss): not logged (no critic in this run)" in page
-    assert "From samples/step_40.jsonl" in page and "From samples/train_step_10.jsonl" in page
-    assert "&lt;b&gt;" in page and "{&quot;exact&quot;: 0.0}" in page  # escaped, nested values as JSON
+    assert "From samples/step_40.jsonl (1 of 1 rows)" in page and "From samples/train_step_10.jsonl" in page
+    # escaped; one column per reward function, blank where it did not apply
+    assert "&lt;b&gt;" in page and "<th>rewards/exact</th><th>rewards/fmt</th>" in page
+    assert "<td>0.000</td><td></td><td>-0.500</td>" in page
     pngs = {p.name for p in (tmp_path / "report").glob("*.png")}
     assert pngs == {"reward.png", "kl_to_reference.png", "entropy.png", "timing.png"}
 

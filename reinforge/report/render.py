@@ -100,8 +100,12 @@ def plot_position_profile(rows: list[dict], out: Path) -> Path | None:
 
 
 def _cell(v) -> str:
+    if v is None:
+        return ""
     if isinstance(v, float):
         return f"{v:.3f}"
+    if isinstance(v, int):
+        return str(v)
     text = v if isinstance(v, str) else json.dumps(v)
     return f"<pre>{html.escape(text)}</pre>"
 
@@ -112,23 +116,33 @@ def _latest(run_dir: Path, prefix: str) -> Path | None:
     return files[-1] if files else None
 
 
-def _samples_table(path: Path | None, limit: int = 20) -> str:
-    """The rows of a samples file as a table, columns in first-seen order (validation samples:
-    prompt, response, ground truth, reward; training samples add per-function scores and the
-    advantage)."""
+def _flat(row: dict) -> dict:
+    """A dict value becomes one column per key: {"rewards": {"fmt": 1.0}} -> "rewards/fmt"."""
+    out = {}
+    for k, v in row.items():
+        out.update({f"{k}/{sub}": x for sub, x in v.items()} if isinstance(v, dict) else {k: v})
+    return out
+
+
+def _samples_table(path: Path | None, limit: int) -> str:
+    """The first `limit` rows of a samples file as a table, columns in first-seen order
+    (validation samples: prompt, response, ground truth, reward; training samples add each
+    reward function's score, the advantage and the group)."""
     if path is None:
         return "<p>None logged.</p>"
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()][:limit]
+    every = [line for line in path.read_text().splitlines() if line.strip()]
+    rows = [_flat(json.loads(line)) for line in every[:limit]]
     cols = list(dict.fromkeys(k for r in rows for k in r))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c, ''))}</td>" for c in cols) + "</tr>" for r in rows)
-    return f"<p>From samples/{html.escape(path.name)} (first {len(rows)} rows)</p><table><tr>{head}</tr>{body}</table>"
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
+    return f"<p>From samples/{html.escape(path.name)} ({len(rows)} of {len(every)} rows)</p><table><tr>{head}</tr>{body}</table>"
 
 
 def _train_samples(run_dir: Path) -> str:
-    """RL runs log some training rollouts every few steps (trainer.log_samples_every)."""
+    """RL runs log some training rollouts every few steps (trainer.log_samples_every): all the
+    rows of the latest file (a few per group, a few groups)."""
     latest = _latest(run_dir, "train_step_")
-    return f"<h2>Training samples</h2>{_samples_table(latest)}" if latest else ""
+    return f"<h2>Training samples</h2>{_samples_table(latest, limit=64)}" if latest else ""
 
 
 CSS = """body{font-family:system-ui,sans-serif;margin:1.5em;color:#222}
@@ -177,7 +191,7 @@ def write_report(run_dir: str | Path) -> Path:
 <h1>reinforge {KIND_NAMES[kind]} run: {name}</h1><p>{len(rows)} logged steps.</p>
 <h2>Training curves</h2><div class="grid">{"".join(figures)}</div>{'' if figures else '<p>No metrics yet.</p>'}
 {f'<p class="notdrawn">Not drawn:</p><ul class="notdrawn">{not_drawn}</ul>' if notes else ''}
-<h2>Validation samples</h2>{_samples_table(_latest(run_dir, "step_"))}
+<h2>Validation samples</h2>{_samples_table(_latest(run_dir, "step_"), limit=20)}
 {_train_samples(run_dir)}
 <h2>Resolved config</h2><pre>{cfg}</pre></body></html>"""
     (out / "index.html").write_text(page)
