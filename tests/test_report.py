@@ -125,7 +125,7 @@ def test_rl_report_html_grid_and_not_drawn_lines(tmp_path):
     assert pngs == {"reward.png", "kl_to_reference.png", "entropy.png", "timing.png"}
 
 
-@pytest.mark.parametrize("kind", ["sft", "dpo", "rm"])
+@pytest.mark.parametrize("kind", ["rl", "sft", "dpo", "rm"])
 def test_every_panel_of_a_kind_draws_when_its_metrics_are_logged(tmp_path, kind):
     """Synthetic rows holding every name a kind's panels ask for (globs given one name): one PNG
     per panel and nothing in the "not drawn" list."""
