@@ -146,9 +146,9 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
         return {**weighted_mean(parts), "grad_norm": float(grad_norm), "lr": lr, **self.timer.pop()}
 
     @torch.no_grad()
-    def evaluate(self) -> dict[str, float]:
+    def evaluate(self, logger: RunLogger | None = None) -> dict[str, float]:
         """Held-out pairs: the same loss and metrics, prefixed val/, without dropout; and the
-        policy's accuracy on eval prompts when self.prompt_eval is set."""
+        policy's accuracy on eval prompts when self.prompt_eval is set (progress on `logger`)."""
         out: dict[str, float] = {}
         if self.val:
             self.model.eval()
@@ -163,7 +163,7 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
             out = {f"val/{k}": v for k, v in weighted_mean(parts).items()}
         if self.prompt_eval is not None:
             out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl",
-                                        sampled=self.val_sampled()))
+                                        sampled=self.val_sampled(), logger=logger))
         return out
 
     # ---- the loop ---------------------------------------------------------------------------
@@ -177,11 +177,14 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
 
     def validate(self, logger: RunLogger) -> dict[str, float]:
         with self.timer("val"):
-            m = self.evaluate()
+            m = self.evaluate(logger)
         shown = {k: v for k, v in m.items() if k in ("val/loss", "val/rewards/accuracies", "val/acc_greedy")}
         if shown:
             logger.message(f"step {self.step_idx}: " + ", ".join(f"{k}={v:.4f}" for k, v in shown.items()))
         return {**m, **self.timer.pop()}
+
+    def sampled_val_cost(self) -> float:
+        return 1.0 + self.cfg.eval.n if self.prompt_eval is not None else 1.0
 
     def export(self) -> Path:
         return export_hf(self.model, self.tok, self.run_dir / "hf")

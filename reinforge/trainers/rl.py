@@ -14,7 +14,6 @@ logging, checkpoints, resume, export, report).
 from __future__ import annotations
 
 import time
-from contextlib import nullcontext
 from pathlib import Path
 
 import torch
@@ -32,7 +31,7 @@ from reinforge.trainers.metrics import batch_metrics, sample_rows
 from reinforge.trainers.perf import StageTimer, matmul_params, matmul_peak_flops, rl_step_flops
 from reinforge.trainers.inputs import python_inputs
 from reinforge.trainers.rl_setup import build_components
-from reinforge.trainers.validation import prompts_batch, validate, validation_size
+from reinforge.trainers.validation import prompts_batch, val_progress, validate
 from reinforge.workers.actor import on_policy_update
 
 
@@ -147,9 +146,7 @@ class RLTrainer(TrainingLoop):
         if not self.val_items:
             return {}
         n, sampled = self.cfg.rollout.val_n, self.val_sampled()
-        size = validation_size(len(self.val_items), n, sampled)
-        what = f"{len(self.val_items)} prompts x (1 greedy{f' + {n} sampled' if sampled else ''})"
-        with self.timer("val"), (logger.val_progress(size, what) if logger else nullcontext(None)) as progress:
+        with self.timer("val"), val_progress(logger, len(self.val_items), n, sampled) as progress:
             m = validate(self.rollout, self.reward, self.val_items, n=n,
                          temperature=self.cfg.rollout.val_temperature, pass_k=list(self.cfg.trainer.pass_k),
                          batch_size=self.cfg.data.val_batch_size, sampled=sampled, progress=progress,

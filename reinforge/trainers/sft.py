@@ -184,17 +184,21 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         loss = total / max(count, 1)
         return {"val/loss": loss, "val/ppl": math.exp(min(loss, 50.0))}
 
-    def evaluate(self) -> dict[str, float]:
-        """Validation loss, and greedy / sampled accuracy and pass@k on eval.prompt_files."""
+    def evaluate(self, logger=None) -> dict[str, float]:
+        """Validation loss, and greedy / sampled accuracy and pass@k on eval.prompt_files
+        (progress on `logger`, a RunLogger)."""
         with self.timer("val"):
             out = self.val_loss()
             if self.prompt_eval is not None:
                 out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl",
-                                            sampled=self.val_sampled()))
+                                            sampled=self.val_sampled(), logger=logger))
         return {**out, **self.timer.pop()}
 
     def validate(self, logger=None) -> dict[str, float]:
-        return self.evaluate()
+        return self.evaluate(logger)
+
+    def sampled_val_cost(self) -> float:
+        return 1.0 + self.cfg.eval.n if self.prompt_eval is not None else 1.0
 
     def export(self) -> Path:
         return export_hf(self.model, self.tok, self.run_dir / "hf")

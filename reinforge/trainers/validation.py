@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import defaultdict
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Callable
 
@@ -131,6 +132,15 @@ def validation_size(prompts: int, n: int, sampled: bool) -> int:
     return prompts * (1 + n * sampled)
 
 
+def val_progress(logger, prompts: int, n: int, sampled: bool):
+    """`logger.val_progress` (trainers.logging.RunLogger) for one validation of `prompts` prompts;
+    a no-op yielding None without a logger. Yields the progress callback `validate` takes."""
+    if logger is None:
+        return nullcontext(None)
+    what = f"{prompts} prompts x (1 greedy{f' + {n} sampled' if sampled else ''})"
+    return logger.val_progress(validation_size(prompts, n, sampled), what)
+
+
 class PromptEvaluator:
     """Greedy accuracy, sampled mean@n and pass@k of a model on RL-schema prompt files (the RL
     trainer's validation), for SFT, DPO and `reinforge eval`. The prompts are tokenised once;
@@ -157,17 +167,14 @@ class PromptEvaluator:
         return RewardWorker(self.tok, RewardConfig(functions=list(self.e.reward_functions)), AlgorithmConfig(),
                             max_response_length=self.e.max_response_length, device=self.device)
 
-    def size(self, sampled: bool = True) -> int:
-        """Sequences one call generates (for a progress bar)."""
-        return validation_size(len(self.items), self.e.n, sampled)
-
-    def __call__(self, samples_path: Path | None = None, *, sampled: bool = True,
-                 progress: Callable[[int], None] | None = None) -> dict[str, float]:
+    def __call__(self, samples_path: Path | None = None, *, sampled: bool = True, logger=None) -> dict[str, float]:
+        """Greedy (and with `sampled`, sampled) metrics; progress shown on `logger` if given."""
         if self.reward is None:  # used again after close()
             self.reward = self._reward_worker()
-        return validate(self.rollout, self.reward, self.items, n=self.e.n, temperature=self.e.temperature,
-                        pass_k=self.pass_k, batch_size=self.e.batch_size, sampled=sampled, samples_path=samples_path,
-                        progress=progress)
+        with val_progress(logger, len(self.items), self.e.n, sampled) as progress:
+            return validate(self.rollout, self.reward, self.items, n=self.e.n, temperature=self.e.temperature,
+                            pass_k=self.pass_k, batch_size=self.e.batch_size, sampled=sampled,
+                            samples_path=samples_path, progress=progress)
 
     def close(self) -> None:
         if self.reward is not None:
