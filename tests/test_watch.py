@@ -153,3 +153,14 @@ def test_rl_run_greedy_between_steps_sampled_at_the_end(tiny_model_dir, arith_da
     err = capsys.readouterr().err
     assert "validating: 8 prompts x (1 greedy)" in err and "validating: 8 prompts x (1 greedy + 2 sampled)" in err
     assert "step 3/3 (eta 00:00)" in err
+
+
+def test_val_sampled_is_checked_with_the_config(tiny_model_dir, arith_data, tmp_path):
+    from reinforge.config.load import ConfigError, load_config
+    from reinforge.config.schema import RLConfig
+    from reinforge.config.validate import validate
+
+    cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path),
+                                                     **{"trainer.val_sampled": "sometimes"}))
+    with pytest.raises(ConfigError, match=r"trainer.val_sampled='sometimes': end, always or never"):
+        validate(cfg)
