@@ -1,4 +1,5 @@
-"""Resolve a reward spec (built-in name, dotted path, or file.py:name) to a callable."""
+"""Resolve a reward spec (built-in name, dotted path, file.py:name, or python:name for a callable
+handed over in Python) to a callable."""
 
 from __future__ import annotations
 
