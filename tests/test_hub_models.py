@@ -112,3 +112,54 @@ def test_environment_variables_honoured(hub_cache, tmp_path):
     assert found == str(hub_cache / "models--org--tiny" / "snapshots" / SHA)
     assert missing.startswith("model.path='org/absent': no such folder, and Hub model 'org/absent' is not in the "
                               f"Hugging Face cache ({hub_cache}) and HF_HUB_OFFLINE=1"), missing
+
+
+def _online(monkeypatch, hub_cache, model_info):
+    """Online mode with HfApi.model_info replaced (no network here) and snapshot_download
+    recording its arguments."""
+    import huggingface_hub
+    from huggingface_hub import constants
+
+    calls = []
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(hub_cache))
+    monkeypatch.setattr(huggingface_hub.HfApi, "model_info", model_info)
+    real = huggingface_hub.snapshot_download
+
+    def record(repo, **kwargs):
+        if kwargs.get("local_files_only"):
+            return real(repo, **kwargs)
+        calls.append((repo, kwargs))
+        return "/downloaded"
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", record)
+    return calls
+
+
+@pytest.mark.parametrize("files,pickled_ignored", [
+    (["config.json", "model.safetensors", "pytorch_model.bin", "tf_model.h5"], True),
+    (["config.json", "pytorch_model.bin"], False),
+])
+def test_online_downloads_only_what_torch_reads(monkeypatch, hub_cache, files, pickled_ignored):
+    from types import SimpleNamespace
+
+    info = SimpleNamespace(siblings=[SimpleNamespace(rfilename=f) for f in files])
+    calls = _online(monkeypatch, hub_cache, lambda self, repo, revision=None: info)
+    assert resolve_model_path("org/other@v1", "model.path") == "/downloaded"
+    [(repo, kwargs)] = calls
+    assert repo == "org/other" and kwargs["revision"] == "v1"
+    assert "*.h5" in kwargs["ignore_patterns"] and ("*.bin" in kwargs["ignore_patterns"]) == pickled_ignored
+
+
+def test_no_network_falls_back_to_the_cache(monkeypatch, hub_cache):
+    """One failed request (no retry loop), then the cache: found, or one line naming the error."""
+    def unreachable(self, repo, revision=None):
+        raise ConnectionError("Name or service not known")
+
+    calls = _online(monkeypatch, hub_cache, unreachable)
+    assert resolve_model_path("org/tiny", "model.path") == str(hub_cache / "models--org--tiny" / "snapshots" / SHA)
+    with pytest.raises(ConfigError, match=r"^model.path='org/absent': no such folder, and Hub model 'org/absent' is not "
+                                          r"in the Hugging Face cache and could not be downloaded \(ConnectionError: "
+                                          r"Name or service not known\); check the network"):
+        resolve_model_path("org/absent", "model.path")
+    assert calls == []
