@@ -103,6 +103,9 @@ class TrainingLoop:
     def finish(self) -> None:
         """After the run's logger is closed (e.g. render the report)."""
 
+    def close(self) -> None:
+        """Always, last: release workers and pools."""
+
     def sampled_val_cost(self) -> float:
         """How many greedy validations one sampled validation costs, for the ETA until both
         kinds have been timed (the RL trainer: 1 + rollout.val_n)."""
@@ -114,9 +117,6 @@ class TrainingLoop:
         greedily (trainer.val_sampled: end = only at the last step, always, never)."""
         mode, step = self.cfg.trainer.val_sampled, self.step_idx if step is None else step
         return mode == "always" or (mode == "end" and step == self.total_steps)
-
-    def close(self) -> None:
-        """Always, last: release workers and pools."""
 
     # ---- the loop ------------------------------------------------------------------------------
     def _continue(self, resume: bool | str) -> int | None:
