@@ -80,3 +80,23 @@ def test_rl_run_logs_mfu_and_memory(tiny_model_dir, arith_data, tmp_path):
         for stage in ("gen", "ref", "update_actor"):
             assert 0 < r[f"perf/cpu_rss_peak_gb/{stage}"] <= r["perf/cpu_rss_peak_gb"]
         assert "timing_s/old_log_prob" not in r and r["actor/entropy"] > 0 and "actor/ref_kl" in r
+
+
+def test_bf16_autocast_log_probs_near_fp32(tiny_model_dir):
+    """model.autocast=bf16 runs the decoder in bfloat16 (the log-probs move, by bf16 rounding
+    only) and hands back fp32 log-probs from the fp32 head."""
+    import torch
+
+    from reinforge.config.schema import ModelConfig
+    from reinforge.models.loading import load_causal_lm
+    from reinforge.workers.actor import micro_log_probs
+    from tests.test_onpolicy import _batch
+
+    model = load_causal_lm(tiny_model_dir, dtype="float32")
+    mb = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        lp32, _ = micro_log_probs(model, mb, ModelConfig(path=tiny_model_dir), 1.0, False)
+        lp16, ent = micro_log_probs(model, mb, ModelConfig(path=tiny_model_dir, autocast="bf16"), 1.0, True)
+    gap = (lp16 - lp32)[mb["response_mask"].bool()].abs().max()
+    assert lp16.dtype == ent.dtype == torch.float32
+    assert 0 < gap < 0.05

@@ -25,6 +25,10 @@ class ModelConfig:
     """Allow model code shipped inside the model folder to run (off unless you trust it)."""
     attn_implementation: str = "sdpa"
     """Attention kernel passed to transformers: sdpa or eager."""
+    autocast: str = "none"
+    """none, or bf16: the RL actor's and reference's log-prob forwards (and the actor's backward)
+    run their decoder matmuls in bfloat16 under torch.autocast; weights, optimizer, the LM head
+    on the fused path, log-softmax and losses stay fp32."""
     fused_logprobs: bool = True
     """Compute log-probs from hidden states in token chunks so full (N, V) logits never exist."""
     logprob_chunk_size: int = 0

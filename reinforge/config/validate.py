@@ -53,6 +53,7 @@ def check_model_and_run(model, run) -> None:
     """The model and run sections every trainer shares: names checked here, not when the model
     loads or the first metric is logged."""
     check_choice(model.dtype, MODEL_DTYPES, "model.dtype")
+    check_choice(model.autocast, ("none", "bf16"), "model.autocast")
     check_choice(model.attn_implementation, ATTN_IMPLEMENTATIONS, "model.attn_implementation")
     need(model.lora_rank == 0 or bool(model.lora_target_modules),
          "model.lora_target_modules is empty: name the modules that get adapters, or [all-linear]")

@@ -53,9 +53,10 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
             from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
 
             h = select(backbone(**fwd, use_cache=False).last_hidden_state)  # (M, H)
-            return fused_logprobs_from_hidden(h, head.weight, labels, temperature=temperature,
-                                              chunk_size=chunk_size, return_entropy=with_entropy,
-                                              top_k=top_k, top_p=top_p)
+            with torch.autocast(h.device.type, enabled=False):  # under bf16 autocast the head stays fp32
+                return fused_logprobs_from_hidden(h.float(), head.weight, labels, temperature=temperature,
+                                                  chunk_size=chunk_size, return_entropy=with_entropy,
+                                                  top_k=top_k, top_p=top_p)
         logits = select(model(**fwd, use_cache=False).logits)  # (M, V)
         if with_entropy:  # one custom backward for both: one (M, V) gradient, not two
             return logprobs_and_entropy_from_logits(logits, labels, temperature, chunk_size or None, top_k, top_p)

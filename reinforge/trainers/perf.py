@@ -1,8 +1,10 @@
 """perf/* metrics of an RL step (veRL's names): model FLOPs utilisation and peak memory per stage.
 
 perf/mfu = model FLOPs of the step / (step seconds x the machine's matmul peak), where
-- the peak is measured once per process: the best of a few fp32 square matmuls on the actor's
-  device (CPU: 1024^3, GPU: 4096^3), so "1.0" means every stage ran at plain fp32 matmul speed;
+- the peak is measured once per process and dtype: the best of a few square matmuls on the
+  actor's device (CPU: 1024^3, GPU: 4096^3) in the dtype the matmuls run in (bf16 under
+  `model.autocast=bf16`, else the weights' dtype), so "1.0" means every stage ran at the speed
+  of one large matmul;
 - model FLOPs = 6 N x trained tokens + 2 N x forward-only tokens, N the model's matmul
   parameters (all parameters but an untied input embedding, which is a lookup), tokens the
   batch's real (unpadded) prompt + response tokens: generation and the old-log-prob, reference
@@ -41,10 +43,10 @@ def matmul_params(model) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def matmul_peak_flops(device: str = "cpu") -> float:
-    """FLOP/s of the best of 5 fp32 square matmuls on `device` (after one warm-up); cached per process."""
+def matmul_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
+    """FLOP/s of the best of 5 square matmuls on `device` in `dtype` (after one warm-up); cached per process."""
     n = 4096 if device.startswith("cuda") else 1024
-    a, b = (torch.randn(n, n, device=device) for _ in range(2))
+    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     best = float("inf")
     for i in range(6):

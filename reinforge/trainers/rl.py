@@ -48,7 +48,10 @@ class RLTrainer(TrainingLoop):
         self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl
         self.loader, self.val_items = c.loader, c.val_items
         self.run_dir = Path(cfg.trainer.run_dir)
-        self.device = str(next(self.actor_model.parameters()).device)
+        weight = next(self.actor_model.parameters())
+        self.device = str(weight.device)
+        # perf/mfu's peak is measured in the dtype the matmuls run in
+        self.matmul_dtype = torch.bfloat16 if cfg.model.autocast == "bf16" else weight.dtype
         self.timer, self.step_idx, self.next_uid = StageTimer(self.device), 0, 0
         self.n_params = (matmul_params(self.actor_model),
                          matmul_params(self.critic_model) if self.critic_model is not None else 0)
@@ -129,7 +132,7 @@ class RLTrainer(TrainingLoop):
         metrics["perf/throughput"] = float(batch["attention_mask"].sum()) / elapsed
         flops = rl_step_flops(metrics, float(batch["attention_mask"].sum()), *self.n_params, cfg.actor.ppo_epochs,
                               cfg.critic.ppo_epochs)
-        metrics["perf/mfu"] = flops / (elapsed * matmul_peak_flops(self.device))
+        metrics["perf/mfu"] = flops / (elapsed * matmul_peak_flops(self.device, self.matmul_dtype))
         return metrics
 
     @property

@@ -184,9 +184,10 @@ def micro_log_probs(model, mb: Batch, mcfg: ModelConfig, temperature: float, wit
     """Log-probs (and entropies) (b, T) of one micro-batch already on the model's device, under the
     distribution the rollout sampled from (its top-k / top-p, recorded in the batch's meta)."""
     fn = packed_response_logprobs if mcfg.use_packing else response_logprobs
-    return fn(model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1], temperature=temperature,
-              with_entropy=with_entropy, fused=mcfg.fused_logprobs, chunk_size=mcfg.logprob_chunk_size,
-              top_k=mb.meta.get("top_k", 0), top_p=mb.meta.get("top_p", 1.0))
+    with torch.autocast(model_device(model).type, dtype=torch.bfloat16, enabled=mcfg.autocast == "bf16"):
+        return fn(model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1], temperature=temperature,
+                  with_entropy=with_entropy, fused=mcfg.fused_logprobs, chunk_size=mcfg.logprob_chunk_size,
+                  top_k=mb.meta.get("top_k", 0), top_p=mb.meta.get("top_p", 1.0))
 
 
 @torch.no_grad()
