@@ -115,7 +115,7 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
         state += f"; resumes from {resume}"
     m = cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    rewards = [spec for _, spec in reward_functions(cfg)]
+    rewards = [entry[1] for entry in reward_functions(cfg)]  # (key, spec, ...)
     if getattr(cfg, "reward", None) is not None and cfg.reward.reward_model_path:
         rewards.append(f"reward model {cfg.reward.reward_model_path}")
     return [_model_line(cfg), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens",

@@ -158,8 +158,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", required=True)
     p.add_argument("--n", type=int, default=8)
     p.add_argument("--max-samples", type=int, default=200)
-    p.add_argument("--max-response-length", type=int, default=32)
-    p.add_argument("--max-prompt-length", type=int, default=64)
+    p.add_argument("--max-response-length", type=int, default=512)
+    p.add_argument("--max-prompt-length", type=int, default=512)
     p.add_argument("--reward", default="exact_match")
     p.set_defaults(fn=_lazy("reinforge.cli.evaluate:main"))
     p = sub.add_parser("data", help="make built-in task data or preprocess GSM8K / MATH files")
@@ -221,11 +221,8 @@ def quiet_transformers() -> None:
     hf_logging.set_verbosity_error()
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Parse, then run the command. Nothing heavy (torch, transformers) is imported before the
-    command runs, so `--help`, `presets` and argument errors answer at once."""
-    from reinforge.cli.errors import is_user_error
-
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The parsed command line; argparse's usage error (SystemExit 2) for a bad one."""
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     listed = getattr(args, "overrides", getattr(args, "options", None))
@@ -233,6 +230,15 @@ def main(argv: list[str] | None = None) -> int:
         listed.extend(extra)  # key=value after a flag: argparse fills a positional list only once
     elif extra:
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Parse, then run the command. Nothing heavy (torch, transformers) is imported before the
+    command runs, so `--help`, `presets` and argument errors answer at once."""
+    from reinforge.cli.errors import is_user_error
+
+    args = parse_args(argv)
     try:
         if args.command in LOADS_MODELS:
             quiet_transformers()

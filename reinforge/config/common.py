@@ -103,9 +103,9 @@ class GenEvalConfig:
     accuracy of the policy during training; empty skips it."""
     reward_functions: list = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
     """Reward functions that score the generated answers, as reward.functions of the RL config."""
-    max_prompt_length: int = 64
+    max_prompt_length: int = 512
     """Prompts are left-padded to this length for generation."""
-    max_response_length: int = 32
+    max_response_length: int = 512
     """Tokens generated per answer."""
     max_samples: int = 200
     """Prompts evaluated (the first N of the files)."""

@@ -53,7 +53,7 @@ class DataConfig:
     """Held-out prompt files for validation."""
     prompt_key: str = "prompt"
     """Column holding the prompt (text or chat messages)."""
-    max_prompt_length: int = 64
+    max_prompt_length: int = 512
     """Longest prompt in tokens; prompts are left-padded to this length."""
     overlong_prompt: str = "error"
     """What to do with a longer prompt: error, skip (counted) or truncate_left."""
@@ -86,7 +86,7 @@ class RolloutConfig:
     ignore_eos: bool = False
     """EOS is not a stop token: every response runs to max_response_length and all its tokens
     are trained on (benchmarks: identical work per step)."""
-    max_response_length: int = 32
+    max_response_length: int = 512
     """Longest response in tokens; responses are right-padded to this length."""
     micro_batch_size: int = 256
     """Sequences per generate() call."""
