@@ -1,16 +1,18 @@
 """reinforge vs TRL's GRPOTrainer, side by side on one CPU: tokens/s, seconds per stage, ratio.
 
     make trl-venv                       # TRL 1.16 in .venv-trl (once)
-    python benchmarks/vs_trl.py [--sizes tiny small] [--kl 0 1] [--rounds 3] [--steps 6]
+    python benchmarks/vs_trl.py [--sizes tiny small] [--kl 0 1] [--precision fp32 bf16] [--rounds 3]
+                                [--steps 6] [--threads 1] [--attn sdpa]
 
 Both sides get the same model folder (`reinforge model --out`: tiny = 3M parameters, <= 32
 response tokens; small = hidden 512 x 8 layers, ~25M, <= 128 tokens), the same arithmetic
 prompts, 4 prompts x 8 samples per optimizer step (one step per batch, one epoch), the same lr,
-fp32, sampling at temperature 1 from the full softmax, and EOS suppressed on both sides
+precision and attention kernel, sampling at temperature 1 from the full softmax, EOS suppressed on both sides
 (reinforge `rollout.ignore_eos`, TRL `min_new_tokens`), so every response is exactly the
 maximum length, tokens per step are equal and the tokens/s ratio is the step-time ratio. With
 KL: reinforge GRPO's `actor.use_kl_loss` (k3, coef 0.04) against TRL's `beta=0.04`; without:
-no reference model on either side. Each (size, KL) cell alternates TRL and reinforge runs
+no reference model on either side. Precision fp32: both sides fp32; bf16: reinforge
+`model.autocast=bf16`, TRL `bf16=True` (its default: autocast). Each cell alternates TRL and reinforge runs
 (`--rounds` each, one process per run, warm-up step dropped) and reports the median step
 of each run; the ratio is per round, so a load change on the machine hits both sides of it.
 
@@ -73,15 +75,18 @@ def reinforge_side(args) -> dict:
 
 
 def run_side(side: str, model: str, train: str, tokens: int, kl: int, steps: int, threads: int,
-             override: list[str]) -> dict:
+             precision: str, attn: str, override: list[str]) -> dict:
     """One run of one side in its own process -> its JSON."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     if threads:
         env["OMP_NUM_THREADS"] = str(threads)
     if side == "trl":
         cmd = [str(TRL_PY), str(ROOT / "benchmarks" / "trl_side.py"), "--beta", str(BETA if kl else 0.0),
-               "--lr", str(LR), "--prompts", str(PROMPTS), "--n", str(N)]
+               "--lr", str(LR), "--prompts", str(PROMPTS), "--n", str(N), "--bf16", str(int(precision == "bf16")),
+               "--attn", attn]
     else:
+        override = [f"model.autocast={'bf16' if precision == 'bf16' else 'none'}",
+                    f"model.attn_implementation={attn}", *override]
         cmd = [sys.executable, __file__, "--side", "reinforge", "--kl", str(kl),
                *[a for o in override for a in ("--override", o)]]
     cmd += ["--model", model, "--train", train, "--steps", str(steps), "--max-tokens", str(tokens)]
@@ -121,7 +126,10 @@ def main() -> None:
     ap.add_argument("--kl", nargs="+", type=int, default=[0, 1], choices=[0, 1])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=6, help="measured steps per run (after one warm-up)")
-    ap.add_argument("--threads", type=int, default=0, help="OMP_NUM_THREADS for both sides (0: torch's default)")
+    ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
+    ap.add_argument("--attn", default="sdpa", choices=["sdpa", "eager"], help="attention kernel, both sides")
+    ap.add_argument("--threads", type=int, default=1,
+                    help="OMP_NUM_THREADS for both sides (0: torch's default; 1 is fastest on a busy 2-core machine)")
     ap.add_argument("--override", action="append", default=[], help="extra reinforge config override")
     ap.add_argument("--side", choices=["reinforge"], help=argparse.SUPPRESS)
     ap.add_argument("--model", help=argparse.SUPPRESS)
@@ -141,29 +149,30 @@ def main() -> None:
     train = make_task_data("arithmetic", str(work / "data"), n_train=n_train, n_test=8, n_sft=8, seed=0)["train"]
     print(f"reinforge vs TRL 1.16 GRPOTrainer: {PROMPTS} prompts x {N} samples, one optimizer step per batch, "
           f"EOS suppressed, medians of {args.steps} steps after 1 warm-up, {args.rounds} alternating rounds, "
-          f"threads={args.threads or 'default'}{', overrides ' + ' '.join(args.override) if args.override else ''}")
-    print("\n| model | KL | round | TRL s/step | reinforge s/step | TRL tok/s | reinforge tok/s | ratio | "
+          f"threads={args.threads or 'default'}, attention {args.attn}"
+          f"{', overrides ' + ' '.join(args.override) if args.override else ''}")
+    print("\n| model | KL | precision | round | TRL s/step | reinforge s/step | TRL tok/s | reinforge tok/s | ratio | "
           "reinforge gen / old_lp / ref / update s | TRL gen / ref / update s | perf/mfu |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for size in args.sizes:
         model = make_model(work, size)
         tokens = SIZES[size]["tokens"]
-        for kl in args.kl:
+        for kl, precision in [(k, p) for k in args.kl for p in args.precision]:
             ratios = []
             for r in range(args.rounds):
                 runs = {}
                 for side in (("trl", "reinforge") if r % 2 == 0 else ("reinforge", "trl")):
                     runs[side] = summary(run_side(side, model, train, tokens, kl, args.steps + 1, args.threads,
-                                                  args.override))
+                                                  precision, args.attn, args.override))
                 t, f = runs["trl"], runs["reinforge"]
                 ratio = f["tok_s"] / t["tok_s"]
                 ratios.append(ratio)
-                print(f"| {size} | {'yes' if kl else 'no'} | {r + 1} | {fmt(t['step'])} | {fmt(f['step'])} | "
+                print(f"| {size} | {'yes' if kl else 'no'} | {precision} | {r + 1} | {fmt(t['step'])} | {fmt(f['step'])} | "
                       f"{t['tok_s']:.0f} | {f['tok_s']:.0f} | {ratio:.2f}x | "
                       f"{fmt(f['gen'])} / {fmt(f['old_log_prob'])} / {fmt(f['ref'])} / {fmt(f['update'])} | "
                       f"{fmt(t['gen'])} / {fmt(t['ref'])} / {fmt(t['update'])} | {f.get('perf/mfu', float('nan')):.3f} |",
                       flush=True)
-            print(f"| {size} | {'yes' if kl else 'no'} | all | | | | | {min(ratios):.2f}-{max(ratios):.2f}x "
+            print(f"| {size} | {'yes' if kl else 'no'} | {precision} | all | | | | | {min(ratios):.2f}-{max(ratios):.2f}x "
                   f"(median {statistics.median(ratios):.2f}x) | | | |", flush=True)
 
 
