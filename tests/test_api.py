@@ -105,3 +105,22 @@ def test_readme_python_example_runs_as_written(tiny_model_dir, tmp_path, monkeyp
     config = (run / "config.yaml").read_text()
     assert "name: python:ends_with_digit" in config and "- python:train_dataset" in config
     assert (run / "hf" / "config.json").exists()
+
+
+@pytest.mark.slow
+def test_sft_and_dpo_trainers_take_rows_in_memory(tiny_model_dir, tmp_path):
+    """SFTTrainer / DPOTrainer(cfg, train_dataset=..., eval_dataset=...): the rows go through
+    SFTDataset / PreferenceDataset in place of a file, for one step each."""
+    from reinforge import DPOConfig, DPOTrainer, SFTConfig, SFTTrainer
+
+    small = {"model.path": tiny_model_dir, "trainer.total_steps": 1, "data.batch_size": 4, "data.max_length": 16,
+             "optim.micro_batch_size": 4, "trainer.progress": False, "trainer.loggers": ["jsonl"]}
+    sft_rows = [{"prompt": f"{a}+{b}=", "response": str(a + b)} for a in range(3) for b in range(3)]
+    cfg = SFTConfig.from_preset("sft", **small, **{"trainer.run_dir": str(tmp_path / "sft")})
+    metrics = SFTTrainer(cfg, train_dataset=sft_rows, eval_dataset=sft_rows[:4]).fit()
+    assert metrics["train/tokens"] > 0 and "val/loss" in metrics
+    assert cfg.data.train_files == ["python:train_dataset"] and cfg.data.val_files == ["python:eval_dataset"]
+    pairs = [{"prompt": r["prompt"], "chosen": r["response"], "rejected": r["response"] + "0"} for r in sft_rows]
+    cfg = DPOConfig.from_preset("dpo", **small, **{"trainer.run_dir": str(tmp_path / "dpo")})
+    metrics = DPOTrainer(cfg, train_dataset=pairs).fit()
+    assert 0 < metrics["loss"] < 1 and "val/loss" in metrics  # val: the preset's val_fraction of the rows

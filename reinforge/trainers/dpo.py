@@ -94,10 +94,10 @@ def cached_reference_logps(cfg: DPOConfig, splits: dict[str, PairSubset], pad_id
 class DPOTrainer(PairTrainer):
     name = "dpo"
 
-    def __init__(self, cfg: DPOConfig):
+    def __init__(self, cfg: DPOConfig, train_dataset=None, eval_dataset=None):
         m = cfg.model
         seed_everything(cfg.trainer.seed)
-        tok, train, val = load_inputs(cfg)
+        tok, train, val = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
         kw = dict(dtype=m.dtype, device=cfg.derived["device"], trust_remote_code=m.trust_remote_code,
                   attn_implementation=m.attn_implementation)
         self.model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **kw)

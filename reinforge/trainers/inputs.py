@@ -1,6 +1,7 @@
 """What a Python user hands a trainer besides its config: reward functions and datasets in memory.
 
     RLTrainer(cfg, reward_funcs=[fn], train_dataset=ds, eval_dataset=None).fit()
+    SFTTrainer(cfg, train_dataset=ds).fit()   # DPOTrainer, RMTrainer: the same datasets
 
 - reward_funcs: callables in any reward style (reinforge.rewards.styles), spec strings
   ("math_verify", "file.py:fn"), or {"name": fn, "weight": w, "style": s}; they replace
@@ -8,7 +9,7 @@
 - train_dataset / eval_dataset: a `datasets.Dataset`, a list of dicts, or a path (anything
   data.train_files takes). Rows in memory are recorded as "python:train_dataset" /
   "python:eval_dataset" in data.train_files / data.val_files and pass the same row checks
-  as a file's rows (reinforge.data.RLDataset).
+  as a file's rows (the trainer's dataset class reads them in place of a file).
 """
 from __future__ import annotations
 
@@ -75,31 +76,51 @@ def python_inputs(cfg, reward_funcs=None, train_dataset=None, eval_dataset=None)
     return rows
 
 
-class PromptDataset(RLDataset):
+class InMemoryRows:
+    """Mixin for an ItemsDataset: `_memory_rows`, when set, stand in for the file's rows, so they
+    pass the same row checks (the tokenizer's eos check included)."""
+
+    _memory_rows: list[dict] | None = None
+
+    def _read(self, path, tokenizer=None, *, need_eos: bool = False) -> list[dict]:
+        if self._memory_rows is None:
+            return super()._read(path, tokenizer, need_eos=need_eos)
+        if need_eos and tokenizer.eos_token_id is None:
+            raise ValueError(f"{type(self).__name__} needs a tokenizer with an eos token")
+        self.path = os.fspath(path)
+        return self._memory_rows
+
+
+def make_dataset(cls, source: str | list[dict], name: str, tokenizer, **kwargs):
+    """cls(path, tokenizer, **kwargs) for a file, or the same over in-memory rows called `name`."""
+    if isinstance(source, list):
+        cls = type(cls.__name__, (InMemoryRows, cls), {"_memory_rows": source})
+        return cls(name, tokenizer, **kwargs)
+    return cls(source, tokenizer, **kwargs)
+
+
+class PromptDataset(InMemoryRows, RLDataset):
     """RLDataset over a file or rows in memory, whose items also carry their raw row in
     extra[ROW_KEY] = (prompt column, row): TRL-style reward functions get the prompt as the row
     holds it (a message list stays one) and every column under its own name."""
 
     def __init__(self, source: str | list[dict], tokenizer, *, name: str | None = None, **kwargs):
-        self._rows_in_memory = source if isinstance(source, list) else None
-        super().__init__(name if self._rows_in_memory is not None else source, tokenizer, **kwargs)
+        self._memory_rows = source if isinstance(source, list) else None
+        super().__init__(name if self._memory_rows is not None else source, tokenizer, **kwargs)
         prompt_key = kwargs.get("prompt_key", "prompt")
         for item in self.items:
             item["extra"][ROW_KEY] = (prompt_key, self._rows[item["index"]])
 
     def _read(self, path, *args, **kwargs) -> list[dict]:
-        if self._rows_in_memory is None:
-            self._rows = super()._read(path, *args, **kwargs)
-        else:
-            self.path, self._rows = os.fspath(path), self._rows_in_memory
+        self._rows = super()._read(path, *args, **kwargs)
         return self._rows
 
 
-def prompt_source(name: str, key: str, rows: dict[str, list[dict]]) -> str | list[dict]:
+def data_source(name: str, key: str, rows: dict[str, list[dict]]) -> str | list[dict]:
     """The file path or the in-memory rows that the data key's entry `name` stands for."""
     if not name.startswith(IN_MEMORY_PREFIX):
         return name
     if name not in rows:
-        raise ConfigError(f"{key}: {name!r} stands for rows handed to RLTrainer(train_dataset=..., "
-                          "eval_dataset=...) in Python; pass them that way again, or give a data file")
+        raise ConfigError(f"{key}: {name!r} stands for rows handed to the trainer in Python (train_dataset=..., "
+                          "eval_dataset=...); pass them that way again, or give a data file")
     return rows[name]

@@ -42,23 +42,26 @@ class PairSubset:
         return h.hexdigest()[:16]
 
 
-def load_pairs(cfg, tokenizer) -> tuple[PairSubset, PairSubset | None]:
-    """Training pairs and held-out pairs (val_files, or a seeded val_fraction of the train files)."""
+def load_pairs(cfg, tokenizer, rows: dict | None = None) -> tuple[PairSubset, PairSubset | None]:
+    """Training pairs and held-out pairs (val_files, or a seeded val_fraction of the train files);
+    `rows`: datasets handed over in Python (trainers/inputs.py)."""
     from reinforge.data import PreferenceDataset
+    from reinforge.trainers.inputs import data_source, make_dataset
 
     d = cfg.data
 
-    def read(files, what: str):
-        parts = [PreferenceDataset(f, tokenizer, max_length=d.max_length, overlong=d.overlong) for f in files]
+    def read(files, what: str, key: str):
+        parts = [make_dataset(PreferenceDataset, data_source(f, key, rows or {}), f, tokenizer, max_length=d.max_length,
+                              overlong=d.overlong) for f in files]
         skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
                                "data.overlong=skip")
         return [it for p in parts for it in p.items], skipped
 
-    train, cfg.derived["skipped_rows"] = read(d.train_files, "training pairs")
+    train, cfg.derived["skipped_rows"] = read(d.train_files, "training pairs", "data.train_files")
     idx = list(range(len(train)))
     val = None
     if d.val_files:
-        held, _ = read(d.val_files, "held-out pairs")
+        held, _ = read(d.val_files, "held-out pairs", "data.val_files")
         val = PairSubset(held, list(range(min(len(held), d.max_val_pairs))))
     elif d.val_fraction > 0:
         random.Random(f"{d.seed}:val-split").shuffle(idx)
@@ -67,19 +70,24 @@ def load_pairs(cfg, tokenizer) -> tuple[PairSubset, PairSubset | None]:
     return PairSubset(train, idx), val
 
 
-def load_inputs(cfg):
+def load_inputs(cfg, train_dataset=None, eval_dataset=None):
     """Checked config, tokenizer, training and held-out pairs: what DPO and RM both start from.
     The config is validated (and trainer.run_dir checked) before anything loads, and again once
-    the number of pairs is known (which fixes total_steps when it derives from epochs)."""
+    the number of pairs is known (which fixes total_steps when it derives from epochs).
+    train_dataset / eval_dataset, for Python users: a datasets.Dataset, a list of dicts or a
+    path, in place of data.train_files / data.val_files (trainers/inputs.py)."""
+    from reinforge.trainers.inputs import python_inputs
+
     from reinforge.config.preference import validate_preference
     from reinforge.models.loading import load_tokenizer
     from reinforge.trainers.preflight import preflight
 
     m = cfg.model
+    rows = python_inputs(cfg, None, train_dataset, eval_dataset)
     preflight(cfg)  # validate_preference, the model folders' files, the eval reward functions
     check_writable(cfg.trainer.run_dir)  # before any model loads
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    train, val = load_pairs(cfg, tok)
+    train, val = load_pairs(cfg, tok, rows)
     validate_preference(cfg, len(train))
     return tok, train, val
 

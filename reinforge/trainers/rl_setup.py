@@ -52,9 +52,9 @@ class ConcatDataset:
 
 def load_prompts(files: list[str], tokenizer, cfg: RLConfig, rows: dict | None = None, key: str = "data.train_files"):
     """The prompts of `files` (paths, or "python:..." names of `rows` handed over in Python)."""
-    from reinforge.trainers.inputs import PromptDataset, prompt_source
+    from reinforge.trainers.inputs import PromptDataset, data_source
 
-    parts = [PromptDataset(prompt_source(f, key, rows or {}), tokenizer, name=f,
+    parts = [PromptDataset(data_source(f, key, rows or {}), tokenizer, name=f,
                            max_prompt_length=cfg.data.max_prompt_length, overlong_prompt=cfg.data.overlong_prompt,
                            prompt_key=cfg.data.prompt_key) for f in files]
     return parts[0] if len(parts) == 1 else ConcatDataset(parts)

@@ -51,10 +51,10 @@ def sequence_rewards(model, batch: dict, score_eos: bool) -> torch.Tensor:
 class RMTrainer(PairTrainer):
     name = "rm"
 
-    def __init__(self, cfg: RMConfig):
+    def __init__(self, cfg: RMConfig, train_dataset=None, eval_dataset=None):
         m = cfg.model
         seed_everything(cfg.trainer.seed)  # before the model: the new score head is drawn at random
-        tok, train, val = load_inputs(cfg)
+        tok, train, val = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
         self.model = load_rm_for_training(m.path, tok, m, cfg.derived["device"])
         self.setup(cfg, tok, train, val)
 

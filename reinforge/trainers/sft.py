@@ -89,24 +89,27 @@ def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None
                                    fused=fused, chunk_size=chunk_size)[0]
 
 
-def load_sft_data(cfg: SFTConfig, tok) -> tuple[list[dict], list[dict]]:
+def load_sft_data(cfg: SFTConfig, tok, rows: dict | None = None) -> tuple[list[dict], list[dict]]:
     """Training rows (packed when data.packing) and held-out rows (unpacked: the validation loss
     is per example), read and tokenized with the length rules; then validate_sft with the number
-    of rows fixes cfg.derived["total_steps"]. `reinforge sft --dry-run` stops after this."""
+    of rows fixes cfg.derived["total_steps"]. `reinforge sft --dry-run` stops after this.
+    `rows`: datasets handed over in Python (trainers/inputs.py)."""
     from reinforge.data import SFTDataset
+    from reinforge.trainers.inputs import data_source, make_dataset
 
     d = cfg.data
 
-    def load(files: list, what: str) -> tuple[list[dict], int]:
-        parts = [SFTDataset(f, tok, max_length=d.max_length, overlong=d.overlong) for f in files]
+    def load(files: list, what: str, key: str) -> tuple[list[dict], int]:
+        parts = [make_dataset(SFTDataset, data_source(f, key, rows or {}), f, tok, max_length=d.max_length,
+                              overlong=d.overlong) for f in files]
         skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
                                "data.overlong=skip")
         return [it for p in parts for it in p], skipped
 
-    train, cfg.derived["skipped_rows"] = load(d.train_files, "training rows")
+    train, cfg.derived["skipped_rows"] = load(d.train_files, "training rows", "data.train_files")
     # Packing happens once, in file order; the loader then shuffles whole packed rows.
     train_rows = pack_examples(train, d.max_length) if d.packing else train
-    val_rows, _ = load(d.val_files, "held-out rows")
+    val_rows, _ = load(d.val_files, "held-out rows", "data.val_files")
     validate_sft(cfg, len(train_rows))
     return train_rows, val_rows
 
@@ -115,18 +118,22 @@ def load_sft_data(cfg: SFTConfig, tok) -> tuple[list[dict], list[dict]]:
 class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
     progress_desc = "sft"
 
-    def __init__(self, cfg: SFTConfig):
+    def __init__(self, cfg: SFTConfig, train_dataset=None, eval_dataset=None):
+        """train_dataset / eval_dataset, for Python users: a datasets.Dataset, a list of dicts or
+        a path, in place of data.train_files / data.val_files (trainers/inputs.py)."""
         from reinforge.data import PromptLoader  # a seeded, resumable order
         from reinforge.models.loading import load_causal_lm, load_tokenizer
+        from reinforge.trainers.inputs import python_inputs
         from reinforge.trainers.preflight import preflight
 
         self.cfg, m, d = cfg, cfg.model, cfg.data
+        rows = python_inputs(cfg, None, train_dataset, eval_dataset)
         preflight(cfg)  # validate_sft, the model folder's files, the eval reward functions
         check_writable(cfg.trainer.run_dir)  # before any model loads
         seed_everything(cfg.trainer.seed)
         self.device = cfg.derived["device"]
         self.tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-        self.train_rows, self.val_rows = load_sft_data(cfg, self.tok)
+        self.train_rows, self.val_rows = load_sft_data(cfg, self.tok, rows)
         self.total_steps = cfg.derived["total_steps"]  # trainer.total_steps, or derived from trainer.epochs
         self.loader = PromptLoader(self.train_rows, min(d.batch_size, len(self.train_rows)), seed=d.seed)
         self.model = load_causal_lm(m.path, dtype=m.dtype, device=self.device, trust_remote_code=m.trust_remote_code,
