@@ -1,10 +1,10 @@
 """Per-stage time and tokens/s of one GRPO step on a ~3M-parameter model on CPU.
 
-    python benchmarks/step.py [--steps 5] [--fused 1]
+    python benchmarks/step.py [--steps 5] [--fused 1] [--override model.autocast=bf16 ...]
 
-32 sequences (4 prompts x 8 samples), up to 32 response tokens. A random-weight model almost
-never emits EOS, so responses run to the full 32 tokens. Prints a markdown table of median
-seconds per stage over the measured steps (the first step is a warm-up and is not counted).
+32 sequences (4 prompts x 8 samples), exactly 32 response tokens (rollout.ignore_eos), the GRPO
+preset with its KL loss (on-policy: no old-log-prob pass). Prints a markdown table of median seconds per
+stage over the measured steps (the first step is a warm-up and is not counted) and perf/mfu.
 """
 from __future__ import annotations
 
@@ -27,6 +27,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=5)
     ap.add_argument("--fused", type=int, default=1)
+    ap.add_argument("--override", action="append", default=[], help="extra config override")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="reinforge_bench_"))
     tok = build_char_tokenizer()
@@ -37,7 +38,8 @@ def main() -> None:
         f"model.path={tmp / 'model'}", f"data.train_files=[{data['train']}]", "data.max_prompt_length=16",
         "rollout.max_response_length=32", "data.train_batch_size=4", "rollout.n=8", "actor.micro_batch_size=16",
         f"trainer.total_steps={args.steps + 1}", f"trainer.run_dir={tmp / 'run'}", "trainer.loggers=[]",
-        "reward.functions=[{name: arithmetic}]", f"model.fused_logprobs={bool(args.fused)}"])
+        "reward.functions=[{name: arithmetic}]", f"model.fused_logprobs={bool(args.fused)}",
+        "rollout.ignore_eos=true", *args.override])
     trainer = RLTrainer(cfg)
     rows = []
     for i in range(args.steps + 1):
@@ -49,7 +51,8 @@ def main() -> None:
             rows.append(m)
     stages = [k for k in rows[0] if k.startswith("timing_s/")]
     print(f"\nOne GRPO step, {n_params / 1e6:.2f}M-parameter Qwen2, 32 sequences x <= 32 response tokens, "
-          f"torch {torch.__version__}, {torch.get_num_threads()} threads, fused log-probs={bool(args.fused)}")
+          f"torch {torch.__version__}, {torch.get_num_threads()} threads, fused log-probs={bool(args.fused)}"
+          f"{', ' + ' '.join(args.override) if args.override else ''}")
     print(f"median of {len(rows)} steps (after 1 warm-up)\n")
     print("| stage | seconds | share |\n|---|---|---|")
     total = statistics.median(r["timing_s/step"] for r in rows)
@@ -58,7 +61,8 @@ def main() -> None:
         print(f"| {k.split('/', 1)[1]} | {v:.3f} | {100 * v / total:.0f}% |")
     tokens = statistics.median(r["response_length/mean"] for r in rows) * 32
     print(f"\nresponse tokens per step: {tokens:.0f}; all tokens/s (perf/throughput): "
-          f"{statistics.median(r['perf/throughput'] for r in rows):.0f}; response tokens/s: {tokens / total:.0f}")
+          f"{statistics.median(r['perf/throughput'] for r in rows):.0f}; response tokens/s: {tokens / total:.0f}; "
+          f"perf/mfu: {statistics.median(r['perf/mfu'] for r in rows):.3f}")
 
 
 if __name__ == "__main__":
