@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import math
+import numbers
 import pickle
 import sys
 import threading
@@ -24,18 +25,23 @@ class RewardError(RuntimeError):
 
 
 def _normalize(value: Any) -> tuple[float, dict[str, float]]:
-    """(score, extra numeric metrics) from a float / int / bool or a dict with "score"."""
+    """(score, extra numeric metrics) from a real number (bool, int, float, numpy scalar) or a
+    dict with "score"."""
     extras: dict[str, float] = {}
     if isinstance(value, dict):
         if "score" not in value:
             raise TypeError(f"reward dict has no 'score' key (keys: {sorted(value)[:8]})")
-        extras = {k: float(v) for k, v in value.items() if k != "score" and isinstance(v, (int, float))}
+        extras = {k: float(v) for k, v in value.items() if k != "score" and isinstance(v, numbers.Real)}
         value = value["score"]
-    if not isinstance(value, (int, float)):
+    if not isinstance(value, numbers.Real):  # numpy scalars included
         raise TypeError(f"reward must be a number or a dict with 'score', got {type(value).__name__}")
     if not math.isfinite(float(value)):
         raise ValueError(f"reward is not finite: {value}")
     return float(value), extras
+
+
+def _not_applicable(value: Any) -> bool:
+    return value is None or (isinstance(value, numbers.Real) and math.isnan(value))
 
 
 def _error(exc: BaseException) -> tuple[str, str]:
@@ -292,8 +298,8 @@ class RewardManager:
                 results = self._run_per_sample(f, prompts, responses, ground_truths, extras)
             scores, failures, first = [], 0, None
             for status, value in results:
-                s = math.nan  # None from a TRL-style function: not applicable to this sample
-                if status == OK and not (value is None and f.call.style == "trl"):
+                s = math.nan  # None (or nan, as TRL reads None) from a TRL-style function: not applicable
+                if status == OK and not (f.call.style == "trl" and _not_applicable(value)):
                     try:
                         s, ex = _normalize(value)
                         for k, v in ex.items():

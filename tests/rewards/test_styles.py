@@ -5,6 +5,7 @@ import asyncio
 import math
 import time
 
+import numpy as np
 import pytest
 
 from reinforge.config.load import ConfigError
@@ -133,11 +134,11 @@ def test_trl_function_without_a_row_gets_prompt_text_and_extras():
 
 
 def test_all_none_sample_is_unscored():
-    def sometimes(completions, **kwargs):
-        return [1.0 if c == "yes" else None for c in completions]
+    def sometimes(completions, **kwargs):  # nan reads as None, as in TRL; numpy scalars are numbers
+        return [np.float32(1.0) if c == "yes" else (None if c == "no" else math.nan) for c in completions]
 
     with RewardManager([sometimes]) as m:
-        scores, metrics = m.score(["p"] * 4, ["yes", "no", "no", "yes"], [None] * 4)
+        scores, metrics = m.score(["p"] * 4, ["yes", "no", "nan", "yes"], [None] * 4)
     assert scores == [1.0, 0.0, 0.0, 1.0] and metrics["reward/unscored"] == 0.5
     assert metrics["reward/sometimes/mean"] == 1.0
 
