@@ -52,7 +52,7 @@ def reinforge_side(args) -> dict:
     longest = max(len(tok(r["prompt"])["input_ids"]) for r in load_rows(args.train))
     over = [f"model.path={args.model}", f"data.train_files=[{args.train}]", f"data.max_prompt_length={longest}",
             f"rollout.max_response_length={args.max_tokens}", f"data.train_batch_size={PROMPTS}", f"rollout.n={N}",
-            f"actor.lr={LR}", f"actor.use_kl_loss={bool(args.kl)}", f"actor.kl_loss_coef={BETA}",
+            f"actor.lr={LR}", f"actor.use_kl_loss={bool(args.kl[0])}", f"actor.kl_loss_coef={BETA}",
             f"trainer.total_steps={args.steps}", f"trainer.run_dir={tempfile.mkdtemp(prefix='vs_trl_')}",
             "trainer.loggers=[]", "trainer.progress=false", "trainer.report=false",
             "reward.functions=[{name: arithmetic}]", *args.override]
