@@ -48,8 +48,12 @@ def _error(exc: BaseException) -> tuple[str, str]:
     return ERROR, f"{type(exc).__name__}: {exc}"
 
 
-def _call_in_thread(fn: Callable, args: tuple, kwargs: dict, timeout: float | None):
-    """fn(*args, **kwargs) in a daemon thread; TimeoutError after `timeout` seconds.
+class _Overrun(Exception):
+    """A call in a thread ran past its deadline (unlike a TimeoutError the function raises itself)."""
+
+
+def _call_in_thread(fn: Callable, args: tuple, kwargs: dict, timeout: float):
+    """fn(*args, **kwargs) in a daemon thread; _Overrun after `timeout` seconds.
 
     A thread cannot be killed, so a hung call is abandoned. It is a daemon thread (unlike
     ThreadPoolExecutor's workers, which interpreter exit joins) so it cannot block shutdown.
@@ -66,7 +70,7 @@ def _call_in_thread(fn: Callable, args: tuple, kwargs: dict, timeout: float | No
     thread.start()
     thread.join(timeout)
     if thread.is_alive():
-        raise TimeoutError
+        raise _Overrun
     if "error" in box:
         raise box["error"]
     return box["value"]
@@ -240,9 +244,9 @@ class RewardManager:
         for args, kwargs in calls:
             start = time.monotonic()
             try:
-                timeout = self.timeout_s if f.mode == "thread" else None
-                out.append((OK, _call_in_thread(f.fn, args, kwargs, timeout) if timeout else f.fn(*args, **kwargs)))
-            except TimeoutError:
+                threaded = f.mode == "thread"
+                out.append((OK, _call_in_thread(f.fn, args, kwargs, self.timeout_s) if threaded else f.fn(*args, **kwargs)))
+            except _Overrun:
                 out.append((TIMEOUT, f"timed out after {self.timeout_s:g}s (abandoned in its thread)"))
                 continue
             except Exception as exc:  # noqa: BLE001 - contained and counted
@@ -264,7 +268,7 @@ class RewardManager:
         else:
             try:
                 values = _call_in_thread(f.fn, args, kwargs, timeout)
-            except TimeoutError:
+            except _Overrun:
                 return [(TIMEOUT, f"batched call timed out after {timeout:g}s")] * n
             except Exception as exc:  # noqa: BLE001
                 return [_error(exc)] * n
