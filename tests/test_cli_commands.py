@@ -106,6 +106,23 @@ def test_refused_with_one_line(argv, message, capsys):
     assert err.startswith(f"reinforge: error: {message}") and err.count("\n") == 1
 
 
+def test_hints_name_the_full_key(tiny_model_dir, arith_data, capsys):
+    """A message names the dotted key as it is written in a config (section.field), never the
+    bare field: nested unknown keys, types, ranges, cross-field rules."""
+    model, prefs = f"model.path={tiny_model_dir}", f"data.train_files=[{arith_data['prefs']}]"
+    cases = [
+        (["config", "--no-validate", "rollout.nn=3"], "unknown config key 'rollout.nn'; did you mean 'rollout.n'?"),
+        (["config", "--no-validate", "rollout.n=abc"], "config key 'rollout.n': Value 'abc' of type 'str' could not"),
+        (["dpo", model, prefs, "dpo.label_smoothing=0.1", "dpo.loss_type=ipo", "--dry-run"],
+         "dpo.label_smoothing=0.1 applies to dpo.loss_type=sigmoid only, not 'ipo'"),
+        (["rm", model, prefs, "trainer.total_steps=0", "trainer.epochs=0", "--dry-run"],
+         "set trainer.total_steps > 0 or trainer.epochs > 0"),
+    ]
+    for argv, message in cases:
+        assert main(argv) == 2
+        assert capsys.readouterr().err.startswith(f"reinforge: error: {message}"), argv
+
+
 def test_old_step_key_in_a_yaml_file_names_the_new_one(tmp_path, capsys):
     f = tmp_path / "old.yaml"
     f.write_text("base: rm\noptim:\n  lr: 1.0e-4\n  total_steps: 50\n")

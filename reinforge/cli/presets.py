@@ -29,23 +29,22 @@ def command_for(config: str | None, asked: str | None) -> str:
 
 def resolved_config(command: str, config: str | None, overrides: list[str], check: bool = True):
     """The config object of `command` from the preset/file and overrides; with `check`, after the
-    config's own rules (ranges, names, sizes, files named exist) have filled cfg.derived."""
+    config's own rules (ranges, names, sizes, files named exist) have filled cfg.derived. A rule's
+    error says how to see the config without them."""
     from reinforge.cli.main import TRAINERS, _load
+
+    from reinforge.config.preference import validate_preference
+    from reinforge.config.sft import validate_sft
+    from reinforge.config.validate import validate
 
     cfg = load_config(_load(TRAINERS[command][0]), config, overrides)
     if not check:
         return cfg
-    if command == "train":
-        from reinforge.config.validate import validate
-
-        return validate(cfg)
-    if command == "sft":
-        from reinforge.config.sft import validate_sft
-
-        return validate_sft(cfg)
-    from reinforge.config.preference import validate_preference
-
-    return validate_preference(cfg)
+    rules = {"train": validate, "sft": validate_sft}.get(command, validate_preference)
+    try:
+        return rules(cfg)
+    except ConfigError as exc:
+        raise ConfigError(f"{exc} (reinforge config --no-validate prints the config without its checks)") from None
 
 
 def cmd_config(args) -> int:
@@ -57,10 +56,7 @@ def cmd_config(args) -> int:
 
     command = command_for(args.config, args.command)
     config = args.config or TRAINERS[command][2]
-    try:
-        cfg = resolved_config(command, config, list(args.overrides), check=not args.no_validate)
-    except ConfigError as exc:
-        raise ConfigError(f"{exc} (reinforge config --no-validate prints the config without its checks)") from None
+    cfg = resolved_config(command, config, list(args.overrides), check=not args.no_validate)
     line = shlex.join(["reinforge", "config", *(["--config", config] if config else []), *args.overrides])
     print(f"# {command}: resolved by {line}")
     print(yaml.safe_dump(cfg.to_dict(), sort_keys=False), end="")
