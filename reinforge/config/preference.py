@@ -113,7 +113,8 @@ def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None)
         p = cfg.dpo
         need(p.loss_type in DPO_LOSS_TYPES, f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(DPO_LOSS_TYPES)}")
         need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
-        need(p.label_smoothing == 0 or p.loss_type == "sigmoid", f"dpo.label_smoothing={p.label_smoothing} applies to dpo.loss_type=sigmoid only, not {p.loss_type!r}")
+        need(p.label_smoothing == 0 or p.loss_type == "sigmoid",
+             f"dpo.label_smoothing={p.label_smoothing} applies to dpo.loss_type=sigmoid only, not {p.loss_type!r}")
         if p.ref_model_path:
             check_model_path(p.ref_model_path, "dpo.ref_model_path")
     check_choice(d.overlong, PREF_OVERLONG, "data.overlong")
