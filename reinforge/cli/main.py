@@ -49,12 +49,12 @@ def _load(ref: str):
 def run_training(command: str, args) -> int:
     """Every training command: load the config, build the trainer, fit (resuming or overwriting
     when asked), print the summary. The trainer locks run_dir and writes config.yaml when it
-    starts. Ctrl-C or SIGTERM stops it with the command that continues the run (exit 128 + signal)."""
+    starts. Ctrl-C or SIGTERM stops it with the command that continues the run (exit 128 + signal).
+    With --dry-run: every check before training, a summary, and nothing else (cli/dry_run.py)."""
+    from reinforge.cli.presets import command_for
     from reinforge.config.load import load_config
     from reinforge.trainers.loop import sigterm_interrupts
     from reinforge.trainers.run_dir import check_reuse, resume_hint
-
-    from reinforge.cli.presets import command_for
 
     schema, trainer_cls, _, _ = TRAINERS[command]
     if args.config:
