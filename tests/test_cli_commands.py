@@ -117,6 +117,9 @@ def test_hints_name_the_full_key(tiny_model_dir, arith_data, capsys):
          "dpo.label_smoothing=0.1 applies to dpo.loss_type=sigmoid only, not 'ipo'"),
         (["rm", model, prefs, "trainer.total_steps=0", "trainer.epochs=0", "--dry-run"],
          "set trainer.total_steps > 0 or trainer.epochs > 0"),
+        (["sft", model, f"data.train_files=[{arith_data['sft']}]", f"eval.prompt_files=[{arith_data['test']}]",
+          "--dry-run"],  # the 512 + 512 defaults on the tiny model (256 positions)
+         "eval.max_prompt_length + eval.max_response_length = 1024 exceeds the model's max_position_embeddings = 256"),
     ]
     for argv, message in cases:
         assert main(argv) == 2

@@ -6,7 +6,7 @@ with shlex as bash splits it, and, for `reinforge ...`, parsed by the real CLI p
 config loaded from its preset and overrides (unknown keys fail). Then each document's commands
 run in order in a fresh folder: `reinforge` in-process (reinforge.cli.main.main), anything
 else through bash. Training commands get tiny-step overrides appended (TINY: one step of a
-small batch; LENGTHS only where the command sets no length of its own; EVAL for `reinforge
+small batch; LENGTHS only where neither the command nor its preset sets one; EVAL for `reinforge
 eval`), and a model folder
 that cannot exist here (/models/...) is replaced by a tiny model. README's commands all run;
 in docs/ a training command whose run directory no later command reads runs with --dry-run.
@@ -143,6 +143,19 @@ def _key(arg: str) -> str:
     return arg.split("=", 1)[0]
 
 
+def keys_set(command: str, argv: list[str]) -> set[str]:
+    """Dotted keys that the command line or its --config file (with its bases) sets."""
+    from reinforge.cli.main import TRAINERS, parse_args
+    from reinforge.config.load import _read_yaml, resolve_config_path
+
+    def flat(d: dict, prefix: str = "") -> set[str]:
+        return {k for key, v in d.items() for k in (flat(v, f"{prefix}{key}.") if isinstance(v, dict) else
+                                                      {f"{prefix}{key}"})}
+
+    config = parse_args(argv).config or TRAINERS[command][2]
+    return {_key(a) for a in argv} | (flat(_read_yaml(resolve_config_path(config))) if config else set())
+
+
 def runnable(doc: str, cmds: list[str], model: str) -> list[tuple[str, list[str] | None]]:
     """(command as written, argv to run or None for bash) of `doc`'s commands that run, with the
     stand-in model, tiny-step overrides and (docs/ only) --dry-run where no later command reads
@@ -160,7 +173,7 @@ def runnable(doc: str, cmds: list[str], model: str) -> list[tuple[str, list[str]
         if command == "eval":
             argv += EVAL
         if command in TRAINING:
-            own = {_key(a) for a in argv}
+            own = keys_set(command, argv)
             argv += TINY[command] + COMMON + [o for o in LENGTHS[command] if _key(o) not in own]
             run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("trainer.run_dir=")), None)
             used_later = run_dir and any(run_dir in later for later in cmds[i + 1:])

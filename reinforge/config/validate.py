@@ -158,6 +158,12 @@ def validate_supervised(cfg, num_train_examples: Optional[int] = None) -> None:
     check_adamw(o, "optim")
     check_model_and_run(cfg.model, t)
     need(t.total_steps > 0 or t.epochs > 0, "set trainer.total_steps > 0 or trainer.epochs > 0")
+    e = getattr(cfg, "eval", None)
+    if e is not None and e.prompt_files:  # generation from eval prompts must fit the model's positions
+        max_pos, total = model_max_positions(cfg.model.path), e.max_prompt_length + e.max_response_length
+        need(max_pos is None or total <= max_pos,
+             f"eval.max_prompt_length + eval.max_response_length = {total} exceeds the model's "
+             f"max_position_embeddings = {max_pos}")
     cfg.derived["device"] = resolve_device(t.device)
     cfg.derived["micro_batch_size"] = min(o.micro_batch_size, d.batch_size)
     if num_train_examples is not None:
