@@ -5,10 +5,11 @@ is checked for characters bash or zsh would expand when left unquoted ([ ] { } *
 with shlex as bash splits it, and, for `reinforge ...`, parsed by the real CLI parser with the
 config loaded from its preset and overrides (unknown keys fail). Then each document's commands
 run in order in a fresh folder: `reinforge` in-process (reinforge.cli.main.main), anything
-else through bash. Training commands get tiny-step overrides appended (TINY: one step of a
-small batch; LENGTHS only where neither the command nor its preset sets one; EVAL for `reinforge
-eval`), and a model folder
-that cannot exist here (/models/...) is replaced by a tiny model. README's commands all run;
+else through bash, from a folder that links the checkout's examples/ and scripts/. Training
+commands get tiny-step overrides appended (TINY: one step of a small batch, a second step for
+--resume; LENGTHS only where neither the command nor its preset sets one; EVAL for `reinforge
+eval`), and a model folder that cannot exist here (/models/...) is replaced by a tiny model,
+as are the raw GSM8K files README converts (GSM8K). README's commands all run;
 in docs/ a training command whose run directory no later command reads runs with --dry-run.
 SKIP lists the commands that are checked but not run, each with its reason.
 
@@ -175,6 +176,8 @@ def runnable(doc: str, cmds: list[str], model: str) -> list[tuple[str, list[str]
         if command in TRAINING:
             own = keys_set(command, argv)
             argv += TINY[command] + COMMON + [o for o in LENGTHS[command] if _key(o) not in own]
+            if "--resume" in argv:  # one step more than the run it continues
+                argv.append("trainer.total_steps=2")
             run_dir = next((a.split("=", 1)[1] for a in argv if a.startswith("trainer.run_dir=")), None)
             used_later = run_dir and any(run_dir in later for later in cmds[i + 1:])
             if doc != "README.md" and not used_later and "--dry-run" not in argv:

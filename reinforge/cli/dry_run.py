@@ -57,6 +57,10 @@ def _model_line(cfg) -> str:
             f"max_position_embeddings={config.get('max_position_embeddings', '?')}); weights not loaded")
 
 
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
 def _skipped(cfg, key: str, limit: str) -> str:
     n = cfg.derived.get(key, 0)
     return f", {n} skipped (longer than {limit})" if n else ""
@@ -71,7 +75,7 @@ def _data_lines(command: str, cfg, tok) -> list[str]:
         train, val_items = load_data(cfg, tok)
         lines = [f"data.train_files: {len(train)} prompts"
                  f"{_skipped(cfg, 'skipped_prompts', f'data.max_prompt_length={d.max_prompt_length}')}; "
-                 f"{cfg.trainer.total_steps} steps of {d.train_batch_size} prompts x {cfg.rollout.n} samples"]
+                 f"{_steps(cfg.trainer.total_steps)} of {d.train_batch_size} prompts x {cfg.rollout.n} samples"]
         if d.val_files:
             lines.append(f"data.val_files: {len(val_items)} prompts used for validation (data.max_val_samples)")
         return lines
@@ -81,7 +85,7 @@ def _data_lines(command: str, cfg, tok) -> list[str]:
         train, val = load_sft_data(cfg, tok)
         what = "packed rows" if d.packing else "rows"
         lines = [f"data.train_files: {len(train)} {what}{_skipped(cfg, 'skipped_rows', f'data.max_length={d.max_length}')}"
-                 f"; {cfg.derived['total_steps']} steps of {d.batch_size}"]
+                 f"; {_steps(cfg.derived['total_steps'])} of {d.batch_size}"]
     else:
         from reinforge.config.preference import validate_preference
         from reinforge.trainers.preference_common import load_pairs
@@ -90,7 +94,7 @@ def _data_lines(command: str, cfg, tok) -> list[str]:
         validate_preference(cfg, len(train))
         lines = [f"data.train_files: {len(train)} training pairs"
                  f"{_skipped(cfg, 'skipped_rows', f'data.max_length={d.max_length}')}"
-                 f"; {cfg.derived['total_steps']} steps of {d.batch_size}"]
+                 f"; {_steps(cfg.derived['total_steps'])} of {d.batch_size}"]
     if val:
         lines.append(f"held-out: {len(val)} {'rows' if command == 'sft' else 'pairs'}")
     return lines
