@@ -100,3 +100,17 @@ def test_bf16_autocast_log_probs_near_fp32(tiny_model_dir):
     gap = (lp16 - lp32)[mb["response_mask"].bool()].abs().max()
     assert lp16.dtype == ent.dtype == torch.float32
     assert 0 < gap < 0.05
+
+
+def test_peak_measurement_leaves_the_rng_alone():
+    """The peak is measured inside a step: drawing from the global RNG there would shift the
+    training stream of the first run in a process only (the result is cached), and a resumed
+    run would no longer equal an uninterrupted one."""
+    import torch
+
+    from reinforge.trainers.perf import matmul_peak_flops
+
+    matmul_peak_flops.cache_clear()
+    state = torch.random.get_rng_state()
+    assert matmul_peak_flops("cpu") > 0
+    assert torch.equal(torch.random.get_rng_state(), state)

@@ -46,7 +46,8 @@ def matmul_params(model) -> int:
 def matmul_peak_flops(device: str = "cpu", dtype: torch.dtype = torch.float32) -> float:
     """FLOP/s of the best of 5 square matmuls on `device` in `dtype` (after one warm-up); cached per process."""
     n = 4096 if device.startswith("cuda") else 1024
-    a, b = (torch.randn(n, n, device=device, dtype=dtype) for _ in range(2))
+    gen = torch.Generator(device).manual_seed(0)  # its own: the training RNG stream must not move
+    a, b = (torch.randn(n, n, device=device, dtype=dtype, generator=gen) for _ in range(2))
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     best = float("inf")
     for i in range(6):
