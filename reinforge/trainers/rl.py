@@ -25,7 +25,7 @@ from reinforge.trainers import stages
 from reinforge.seeding import seed_everything
 from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
                                            save_checkpoint, set_rng_state)
-from reinforge.trainers.logging import Timer, samples_due, write_jsonl
+from reinforge.trainers.logging import samples_due, write_jsonl
 from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.metrics import batch_metrics, sample_rows
 from reinforge.trainers.perf import StageTimer, matmul_params, matmul_peak_flops, rl_step_flops
