@@ -236,13 +236,13 @@ class TrainerConfig(RunConfig):
     """k values of the unbiased pass@k estimator in validation."""
     report: bool = True
     """Render the run report (plots + HTML) at the end."""
+    log_samples_every: int = 10
+    """Write a few training rollouts (prompt, response, each reward function's score, reward,
+    advantage) to samples/train_step_N.jsonl at step 1 and every k steps; 0 never."""
 
 
 @dataclass
 class RLConfig(RootConfig):
-    log_samples_every: int = 10
-    """Write a few training rollouts (prompt, response, each reward function's score, reward,
-    advantage) to samples/train_step_N.jsonl at step 1 and every k steps; 0 never."""
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)

@@ -59,8 +59,8 @@ def check_model_and_run(model, run) -> None:
          "model.lora_target_modules is empty: name the modules that get adapters, or [all-linear]")
     unknown = [x for x in run.loggers if x not in LOGGERS]
     need(not unknown, f"trainer.loggers: unknown {unknown}; valid: {', '.join(LOGGERS)}")
-
     check_choice(run.val_sampled, VAL_SAMPLED, "trainer.val_sampled")
+
 
 def resolve_device(device: str) -> str:
     import torch
