@@ -114,3 +114,24 @@ def test_peak_measurement_leaves_the_rng_alone():
     state = torch.random.get_rng_state()
     assert matmul_peak_flops("cpu") > 0
     assert torch.equal(torch.random.get_rng_state(), state)
+
+
+def test_bf16_weights_fused_log_probs(tiny_model_dir):
+    """model.dtype=bfloat16 (weights in bf16, no autocast): the fused head path takes the bf16
+    hidden states with the bf16 head (a float32 cast of h alone failed on the dtype mismatch)
+    and agrees with the logits path to bf16 rounding."""
+    import torch
+
+    from reinforge.config.schema import ModelConfig
+    from reinforge.models.loading import load_causal_lm
+    from reinforge.workers.actor import micro_log_probs
+    from tests.test_onpolicy import _batch
+
+    model = load_causal_lm(tiny_model_dir, dtype="bfloat16")
+    mb = _batch(model.config.vocab_size)
+    with torch.no_grad():
+        fused, _ = micro_log_probs(model, mb, ModelConfig(path=tiny_model_dir, fused_logprobs=True), 1.0, False)
+        plain, _ = micro_log_probs(model, mb, ModelConfig(path=tiny_model_dir, fused_logprobs=False), 1.0, False)
+    mask = mb["response_mask"].bool()
+    assert fused.dtype == torch.float32 and torch.isfinite(fused[mask]).all()
+    assert (fused - plain)[mask].abs().max() < 0.05

@@ -53,8 +53,10 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
             from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
 
             h = select(backbone(**fwd, use_cache=False).last_hidden_state)  # (M, H)
-            with torch.autocast(h.device.type, enabled=False):  # under bf16 autocast the head stays fp32
-                return fused_logprobs_from_hidden(h.float(), head.weight, labels, temperature=temperature,
+            # Under bf16 autocast the head stays fp32 (h comes out bf16: cast it up); with bf16
+            # weights (model.dtype) h meets the head in bf16 and the chunks accumulate in fp32.
+            with torch.autocast(h.device.type, enabled=False):
+                return fused_logprobs_from_hidden(h.to(head.weight.dtype), head.weight, labels, temperature=temperature,
                                                   chunk_size=chunk_size, return_entropy=with_entropy,
                                                   top_k=top_k, top_p=top_p)
         logits = select(model(**fwd, use_cache=False).logits)  # (M, V)
