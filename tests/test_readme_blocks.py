@@ -1,7 +1,7 @@
 """Every ```bash block of README.md and docs/*.md runs as written.
 
 Each block is split into commands (`\\` continuations joined, comments dropped). Every command
-is checked for characters bash or zsh would expand when left unquoted ([ ] { } * ?), split
+is checked for characters bash or zsh would expand when left unquoted ([ ] { } * ? < >), split
 with shlex as bash splits it, and, for `reinforge ...`, parsed by the real CLI parser with the
 config loaded from its preset and overrides (unknown keys fail). Then each document's commands
 run in order in a fresh folder: `reinforge` in-process (reinforge.cli.main.main), anything
@@ -97,14 +97,15 @@ def commands(block: str) -> list[str]:
 
 
 def unquoted_specials(command: str) -> str:
-    """Characters of `command` that bash or zsh expand when unquoted (globs, braces)."""
+    """Characters of `command` that bash or zsh expand or redirect on when unquoted (globs,
+    braces, < >)."""
     found, quote = [], None
     for c in command:
         if quote:
             quote = None if c == quote else quote
         elif c in "'\"":
             quote = c
-        elif c in "[]{}*?":
+        elif c in "[]{}*?<>":
             found.append(c)
     return "".join(found)
 
@@ -133,11 +134,21 @@ def test_command_is_quoted_and_parses(doc, line, command):
         load_config(_load(TRAINERS[args.command][0]), args.config, args.overrides)  # every key exists
 
 
+@pytest.mark.parametrize("doc", DOCS, ids=lambda p: p.name)
+def test_blocks_hold_no_comments(doc):
+    """A pasted `# ...` is an argument in interactive zsh (no interactive_comments), and an
+    apostrophe in it opens a quote: what a command does is said in the prose instead."""
+    bad = [f"{doc.name}:{line}: {text}" for line, block in bash_blocks(doc) for text in block.splitlines()
+           if strip_comment(text) != text.rstrip()]
+    assert not bad, "shell comments in command blocks:\n" + "\n".join(bad)
+
+
 def test_quoting_checks_catch_the_old_readme_line():
     """The README's former gsm8k line: unquoted brackets and braces, split by the shell."""
     old = "reinforge train --config grpo reward.functions=[{name: math_verify}] data.train_files=[a.parquet]"
     assert unquoted_specials(old) == "[{}][]"
     assert unquoted_specials("reinforge train 'reward.functions=[{name: math_verify}]'") == ""
+    assert unquoted_specials("ray start --address=<head-ip>:6379") == "<>"
     assert commands("a \\\n  'b # c' # d\n# e\n\nf") == ["a 'b # c'", "f"]
 
 
