@@ -45,7 +45,7 @@ class PreferenceDataset(ItemsDataset):
             if longest > max_length:
                 if overlong == "error":
                     raise row_error(self.path, i, "chosen" if len(c) >= len(r) else "rejected",
-                                    f"prompt + response is {longest} tokens > max_length={max_length} (set data.overlong=skip)")
+                                    f"prompt + response is {longest} tokens > data.max_length={max_length} (set data.overlong=skip)")
                 self.num_skipped += 1
                 continue
             self.items.append({"prompt_text": text, "prompt_ids": p, "chosen_ids": c + [eos], "rejected_ids": r + [eos]})

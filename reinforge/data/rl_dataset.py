@@ -40,7 +40,8 @@ class RLDataset(ItemsDataset):
     arguments, REWARD_ARGS, are left out).
     Overlong prompts (> max_prompt_length tokens): "error" raises, "skip" drops and counts them
     in `num_skipped`, "truncate_left" keeps the last max_prompt_length tokens (the end of a
-    prompt, next to where the answer starts, matters most).
+    prompt, next to where the answer starts, matters most). `length_key` is the config key that
+    set max_prompt_length, named in the errors (SFT/DPO eval prompts: eval.max_prompt_length).
     """
 
     def __init__(
@@ -52,6 +53,7 @@ class RLDataset(ItemsDataset):
         overlong_prompt: str = "error",
         prompt_key: str = "prompt",
         require_ground_truth: bool = True,
+        length_key: str = "data.max_prompt_length",
     ):
         if overlong_prompt not in OVERLONG_POLICIES:
             raise ValueError(f"overlong_prompt must be one of {OVERLONG_POLICIES}, got {overlong_prompt!r}")
@@ -78,8 +80,9 @@ class RLDataset(ItemsDataset):
                 if overlong_prompt == "error":
                     raise row_error(
                         self.path, i, prompt_key,
-                        f"prompt has {len(ids)} tokens > max_prompt_length={max_prompt_length} "
-                        "(set data.overlong_prompt=skip or truncate_left)",
+                        f"prompt has {len(ids)} tokens > {length_key}={max_prompt_length} "
+                        + ("(raise it, or set data.overlong_prompt=skip or truncate_left)"
+                           if length_key.startswith("data.") else "(raise it)"),
                     )
                 if overlong_prompt == "skip":
                     self.num_skipped += 1
@@ -92,5 +95,5 @@ class RLDataset(ItemsDataset):
             )
         if not self.items:
             raise DataError(f"{file_label(self.path)}: every prompt is longer than "
-                            f"data.max_prompt_length={max_prompt_length} tokens")
+                            f"{length_key}={max_prompt_length} tokens")
 

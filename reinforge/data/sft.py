@@ -57,7 +57,7 @@ def fit_length(ids: list[int], mask: list[int], max_length: int, policy: str, pa
     if len(ids) <= max_length:
         return ids, mask
     if policy == "error":
-        raise row_error(path, i, field, f"the row encodes to {len(ids)} tokens > max_length={max_length} "
+        raise row_error(path, i, field, f"the row encodes to {len(ids)} tokens > data.max_length={max_length} "
                         "(set data.overlong=skip or truncate_right)")
     if policy == "skip" or sum(mask[:max_length]) == 0:
         return None  # truncation would leave no target token to learn from

@@ -150,14 +150,15 @@ class PromptEvaluator:
 
     def __init__(self, model, tokenizer, e, *, device: str = "cpu", pass_k=()):
         from reinforge.data import RLDataset
-        from reinforge.workers.rollout.hf import HFRollout
+        from reinforge.workers.rollout.lean import LeanRollout
 
         self.e, self.tok, self.device = e, tokenizer, device
         self.pass_k = [k for k in pass_k if k <= e.n]
-        items = [it for f in e.prompt_files for it in RLDataset(f, tokenizer, max_prompt_length=e.max_prompt_length)]
+        items = [it for f in e.prompt_files
+                 for it in RLDataset(f, tokenizer, max_prompt_length=e.max_prompt_length, length_key="eval.max_prompt_length")]
         self.items = items[:e.max_samples]
-        self.rollout = HFRollout(model, tokenizer, max_prompt_length=e.max_prompt_length,
-                                 max_response_length=e.max_response_length, micro_batch_size=e.batch_size)
+        self.rollout = LeanRollout(model, tokenizer, max_prompt_length=e.max_prompt_length,
+                                   max_response_length=e.max_response_length, micro_batch_size=e.batch_size)
         self.reward = self._reward_worker()
 
     def _reward_worker(self):

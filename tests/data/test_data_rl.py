@@ -81,8 +81,10 @@ def test_load_rows_errors(tmp_path):
 def test_overlong_policies(tmp_path, tok):
     path = write_jsonl(tmp_path / "o.jsonl", [{"prompt": "1+1=", "answer": "2"},
                                               {"prompt": "123456789+1=", "answer": "x"}])
-    with pytest.raises(DataError, match=r"o\.jsonl: row 1: field 'prompt': prompt has 12 tokens > max_prompt_length=6"):
+    with pytest.raises(DataError, match=r"o\.jsonl: row 1: field 'prompt': prompt has 12 tokens > data\.max_prompt_length=6"):
         RLDataset(path, tok, max_prompt_length=6)
+    with pytest.raises(DataError, match=r"> eval\.max_prompt_length=6 \(raise it\)"):  # SFT/DPO eval prompts
+        RLDataset(path, tok, max_prompt_length=6, length_key="eval.max_prompt_length")
     skipped = RLDataset(path, tok, max_prompt_length=6, overlong_prompt="skip")
     assert len(skipped) == 1 and skipped.num_skipped == 1
     cut = RLDataset(path, tok, max_prompt_length=6, overlong_prompt="truncate_left")

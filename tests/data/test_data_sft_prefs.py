@@ -32,7 +32,7 @@ def test_sft_errors_and_overlong(tmp_path, tok):
         SFTDataset(bad, tok, max_length=16)
     long = write_jsonl(tmp_path / "l.jsonl", [{"prompt": "1=", "response": "1"},
                                               {"prompt": "2=", "response": "2" * 20}])
-    with pytest.raises(DataError, match=r"l\.jsonl: row 1: .*23 tokens > max_length=10"):
+    with pytest.raises(DataError, match=r"l\.jsonl: row 1: .*23 tokens > data\.max_length=10"):
         SFTDataset(long, tok, max_length=10)
     assert SFTDataset(long, tok, max_length=10, overlong="skip").num_skipped == 1
     cut = SFTDataset(long, tok, max_length=10, overlong="truncate_right")
