@@ -9,9 +9,10 @@ with log r = log pi - log pi_ref:
 - ``k2`` / ``mse``: 0.5 * (log r)^2.
 - ``k3`` / ``low_var_kl``: exp(-log r) + log r - 1 (unbiased, >= 0, low variance). The log
   ratio is clamped to [-20, 20] and the result to [-10, 10] for numerical safety.
-- ``k1+`` / ``k3+``: straight-through: the value of k1 / k3, the gradient of k2 (whose
-  gradient, (log r) * grad log pi, is the on-policy gradient of KL(pi || pi_ref) when the
-  penalty is summed over sampled tokens).
+- ``k1+`` / ``kl+``, ``k3+`` / ``low_var_kl+``: straight-through: the value of k1 / k3, the
+  gradient of k2 (whose gradient, (log r) * grad log pi, is the on-policy gradient of
+  KL(pi || pi_ref) when the penalty is summed over sampled tokens). veRL's rule: a ``+`` suffix
+  means "this value, k2's gradient", so ``k2+`` / ``mse+`` are plain k2.
 - ``full``: exact KL from full distributions, (..., V) log-prob rows -> (...).
 """
 
@@ -69,7 +70,11 @@ KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] =
     "k3": _k3,
     "low_var_kl": _k3,
     "k1+": _straight_through(_k1),
+    "kl+": _straight_through(_k1),
+    "k2+": _k2,
+    "mse+": _k2,
     "k3+": _straight_through(_k3),
+    "low_var_kl+": _straight_through(_k3),
     "full": kl_full,
 }
 

@@ -3,7 +3,11 @@
 Every loss is::
 
     fn(log_probs, old_log_probs, advantages, response_mask, *,
-       clip_low=0.2, clip_high=0.2, clip_c=None) -> (loss_mat (B, T), metrics)
+       clip_low=0.2, clip_high=0.2, clip_c=None, **hyper) -> (loss_mat (B, T), metrics)
+
+Losses with their own hyper-parameters (sapo's tau_pos/tau_neg, clip_cov's and kl_cov's
+ratios and bounds, clip_cov's ``generator``) declare them as keywords; ``loss_kwargs`` picks
+from a pool of hyper-parameters the ones a loss declares.
 
 log_probs (B, T) carry the gradient; old_log_probs, advantages (B, T) are constants. The
 loss matrix is per token (0 outside the mask); reduce it with ``aggregation.agg_loss``.
@@ -19,6 +23,7 @@ Metric tensors (scalars, detached), all masked means over valid tokens:
 
 from __future__ import annotations
 
+import inspect
 from typing import Callable
 
 import torch
@@ -140,6 +145,108 @@ def vanilla(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2
     return _zero_outside(loss, response_mask), metrics
 
 
+def reinforce(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """REINFORCE surrogate -A * log pi, no ratio and no clip (clip_* are unused).
+
+    Its gradient is -A * grad log pi at any weights, not only on-policy (unlike ``vanilla``'s
+    -A * r, whose gradient is -A * r * grad log pi). veRL's ``reinforce`` loss without its
+    rollout IS weights; ``gpg`` is the same surrogate (GPG, https://arxiv.org/abs/2504.02546,
+    pairs it with its own advantage estimator).
+    """
+    loss = -advantages * log_probs
+    none = torch.zeros_like(log_probs, dtype=torch.bool)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
+    return _zero_outside(loss, response_mask), metrics
+
+
+def sapo(log_probs, old_log_probs, advantages, response_mask, *, tau_pos=1.0, tau_neg=1.05,
+         clip_low=0.2, clip_high=0.2, clip_c=None):
+    """SAPO (https://arxiv.org/abs/2511.20347): a soft gate on the ratio instead of a hard clip.
+
+    loss = -A * f(r), f(r) = (4 / tau) * sigmoid(tau * (r - 1)), tau = tau_pos where A > 0 else
+    tau_neg (veRL's defaults 1.0 / 1.05). f(1) = 2 / tau and f'(1) = 1, so on-policy the gradient
+    is the plain policy gradient; away from r = 1 the gradient f'(r) = 4 s (1 - s) decays
+    smoothly instead of dropping to zero at a bound. clip_* are unused and both clip fractions
+    are 0 (as in veRL). The paper aggregates with seq-mean-token-mean (veRL forces it; here
+    actor.loss_agg_mode decides).
+    """
+    ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
+    tau = torch.where(advantages > 0, torch.as_tensor(tau_pos, dtype=ratio.dtype),
+                      torch.as_tensor(tau_neg, dtype=ratio.dtype)).to(ratio.device)
+    gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
+    none = torch.zeros_like(log_probs, dtype=torch.bool)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
+    return _zero_outside(-advantages * gate, response_mask), metrics
+
+
+def _rank_desc(scores: torch.Tensor) -> torch.Tensor:
+    """Rank of each entry in descending order of scores (0 = largest). (B, T) -> (B, T) long."""
+    order = scores.flatten().argsort(descending=True, stable=True)
+    rank = torch.empty_like(order)
+    rank[order] = torch.arange(order.numel(), device=order.device)
+    return rank.view_as(scores)
+
+
+def _token_cov(log_probs, advantages, mask):
+    """Per-token centred product (A - mean A) * (logp - mean logp) over valid tokens, detached.
+
+    The covariance of log-prob and advantage that Cui et al. (https://arxiv.org/abs/2505.22617)
+    show drives entropy collapse; means are over this batch's valid tokens. -> (B, T).
+    """
+    lp = log_probs.detach()
+    return (advantages - masked_mean(advantages, mask)) * (lp - masked_mean(lp, mask))
+
+
+def _top_count(ratio: float, mask: torch.Tensor) -> torch.Tensor:
+    """max(floor(ratio * valid tokens), 1) as a tensor (no host sync)."""
+    return torch.clamp(torch.floor(ratio * mask.float().sum()), min=1.0)
+
+
+def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, clip_cov_ratio=0.0002,
+             clip_cov_lb=1.0, clip_cov_ub=5.0, generator=None, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """Clip-Cov (Cui et al., https://arxiv.org/abs/2505.22617): PPO clip, plus detaching a few
+    high-covariance tokens.
+
+    Among valid tokens that the PPO clip does not already bind and whose covariance
+    (``_token_cov``) lies in (clip_cov_lb, clip_cov_ub), max(floor(clip_cov_ratio * valid), 1)
+    are drawn uniformly at random (``generator`` seeds the draw) and their loss is set to 0, so
+    they give no gradient. pg_clipfrac: the fraction of tokens so removed (veRL's definition);
+    pg_clipfrac_lower: 0. clip_c is unused (as in veRL). Defaults are veRL's.
+    """
+    ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
+    loss, clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
+    cov = _token_cov(log_probs, advantages, response_mask)
+    valid = response_mask > 0
+    cand = valid & ~clipped & (cov > clip_cov_lb) & (cov < clip_cov_ub)
+    keys = torch.rand(cov.shape, generator=generator, device="cpu").to(cov.device)
+    keys = torch.where(cand, keys, torch.full_like(keys, -1.0))
+    drop = cand & (_rank_desc(keys) < _top_count(clip_cov_ratio, response_mask))
+    loss = torch.where(drop, torch.zeros_like(loss), loss)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, drop, torch.zeros_like(drop))
+    return _zero_outside(loss, response_mask), metrics
+
+
+def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, kl_cov_ratio=0.0002, ppo_kl_coef=0.1,
+           clip_low=0.2, clip_high=0.2, clip_c=None):
+    """KL-Cov (Cui et al., https://arxiv.org/abs/2505.22617): unclipped -A * r, plus a KL penalty
+    on the highest-covariance tokens.
+
+    The max(floor(kl_cov_ratio * valid), 1) valid tokens with the largest covariance
+    (``_token_cov``) get loss -A * r + ppo_kl_coef * |log r|; the others -A * r. There is no
+    ratio clip (clip_* are unused). pg_clipfrac: the fraction of penalised tokens (veRL reports
+    none); ppo_kl stays the k1 mean like every loss here (veRL's kl_cov logs mean |log r|).
+    Defaults are veRL's config defaults.
+    """
+    lr = _log_ratio(log_probs, old_log_probs)
+    loss = -advantages * torch.exp(lr)
+    valid = response_mask > 0
+    cov = torch.where(valid, _token_cov(log_probs, advantages, response_mask), torch.full_like(lr, -torch.inf))
+    picked = valid & (_rank_desc(cov) < _top_count(kl_cov_ratio, response_mask))
+    loss = torch.where(picked, loss + ppo_kl_coef * lr.abs(), loss)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, picked, torch.zeros_like(picked))
+    return _zero_outside(loss, response_mask), metrics
+
+
 PolicyLossFn = Callable[..., "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
@@ -148,6 +255,11 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "cispo": cispo,
     "gmpo": gmpo,
     "vanilla": vanilla,
+    "reinforce": reinforce,
+    "gpg": reinforce,
+    "sapo": sapo,
+    "clip_cov": clip_cov,
+    "kl_cov": kl_cov,
 }
 
 
@@ -156,3 +268,9 @@ def get_policy_loss(name: str) -> PolicyLossFn:
     if name not in POLICY_LOSSES:
         raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}")
     return POLICY_LOSSES[name]
+
+
+def loss_kwargs(fn: PolicyLossFn, **pool) -> dict:
+    """The entries of pool that fn takes as keywords (each loss ignores the others' settings)."""
+    params = inspect.signature(fn).parameters
+    return {k: v for k, v in pool.items() if k in params}
