@@ -257,6 +257,50 @@ def opo(inp: AdvantageInput):
     return adv, adv
 
 
+def _group_std(centered: torch.Tensor, inv: torch.Tensor, n_groups: int, count: torch.Tensor) -> torch.Tensor:
+    """Unbiased group std from (B,) deviations from the group mean -> (G,), 0 for singletons."""
+    return _safe_div(_group_sum(centered**2, inv, n_groups), count - 1).sqrt()
+
+
+def grpo_passk(inp: AdvantageInput):
+    """GRPO for pass@k (veRL ``grpo_passk``, after https://arxiv.org/abs/2503.19595).
+
+    Only the best response of a group is credited: A = r_max - r_second_max on it, 0 on every
+    other response (so a tie at the top gives the whole group 0). Divided by the unbiased
+    group std + eps when ``norm_by_std``. Singleton groups get 0 (veRL raises). returns = advantages.
+    """
+    inv, G = _groups(inp.group_ids, "grpo_passk")
+    s = _sequence_scores(inp)  # (B,)
+    gmax = s.new_full((G,), -torch.inf).scatter_reduce(0, inv, s, "amax")  # (G,)
+    is_max = s == gmax[inv]  # (B,)
+    n_max = _group_sum(is_max.to(s.dtype), inv, G)  # (G,) rows sharing the top score
+    below = torch.where(is_max, torch.full_like(s, -torch.inf), s)
+    second = s.new_full((G,), -torch.inf).scatter_reduce(0, inv, below, "amax")  # best score under the top
+    second = torch.where(n_max > 1, gmax, second)  # a tie at the top: the runner-up equals the best
+    mean, count = _group_mean_count(s, inv, G)
+    gap = torch.where(count > 1, gmax - second, torch.zeros_like(gmax))  # (G,); -inf never reaches here
+    if inp.norm_by_std:
+        gap = _safe_div(gap, _group_std(s - mean[inv], inv, G, count) + inp.eps)
+    adv = _broadcast(torch.where(is_max, gap[inv], torch.zeros_like(s)), inp.response_mask)
+    return adv, adv
+
+
+def gpg(inp: AdvantageInput):
+    """GPG (https://arxiv.org/abs/2504.02546), as veRL's ``gpg`` estimator computes it.
+
+    A = alpha * (r - group mean), no std division, alpha = B / max(#rows with a non-zero score, 1)
+    over the whole batch (veRL's form of the paper's gradient-estimation correction, which
+    rescales the batch by its share of rows that carry a learning signal). f_norm = 1.
+    Singleton groups get 0 (veRL uses mean 0 there, i.e. alpha * r). returns = advantages.
+    """
+    inv, G = _groups(inp.group_ids, "gpg")
+    s = _sequence_scores(inp)
+    mean, _ = _group_mean_count(s, inv, G)
+    alpha = s.numel() / (s != 0).sum().clamp(min=1).to(s.dtype)  # 0-dim tensor: no .item()
+    adv = _broadcast(alpha * (s - mean[inv]), inp.response_mask)
+    return adv, adv
+
+
 AdvantageFn = Callable[[AdvantageInput], "tuple[torch.Tensor, torch.Tensor]"]
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
@@ -268,9 +312,11 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
     "remax": remax,
     "opo": opo,
+    "grpo_passk": grpo_passk,
+    "gpg": gpg,
 }
 NEEDS_VALUES = frozenset({"gae"})
-NEEDS_GROUPS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo"})
+NEEDS_GROUPS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg"})
 NEEDS_BASELINE = frozenset({"remax"})
 
 
