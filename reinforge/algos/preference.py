@@ -1,4 +1,5 @@
-"""Preference losses: DPO family and the Bradley-Terry reward-model loss."""
+"""Preference losses: the DPO family (with the reference-free SimPO, CPO, ORPO and the unpaired
+KTO) and the Bradley-Terry reward-model loss."""
 
 from __future__ import annotations
 
@@ -7,7 +8,9 @@ import torch.nn.functional as F
 
 from .masked import masked_mean, masked_sum
 
-DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge")
+REFERENCE_FREE = ("simpo", "cpo", "orpo")
+"""Losses of the policy's log-probs alone: no reference model is loaded or scored."""
+DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", *REFERENCE_FREE)
 
 
 def sequence_logps(token_logps: torch.Tensor, mask: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
@@ -49,15 +52,50 @@ def dpo_loss(
         losses = torch.relu(1 - beta * z)
     else:
         raise ValueError(f"unknown DPO loss_type {loss_type!r}; valid: {list(DPO_LOSS_TYPES)}")
+    metrics = _reward_metrics(beta * (policy_chosen - ref_chosen), beta * (policy_rejected - ref_rejected))
+    return losses.mean(), metrics
+
+
+def _reward_metrics(chosen: torch.Tensor, rejected: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Batch means of implicit rewards (B,), (B,) as DPO's metrics name them."""
     with torch.no_grad():
-        chosen = beta * (policy_chosen - ref_chosen)
-        rejected = beta * (policy_rejected - ref_rejected)
-        metrics = {
-            "rewards/chosen": chosen.mean(),
-            "rewards/rejected": rejected.mean(),
-            "rewards/accuracies": (chosen > rejected).float().mean(),
-            "rewards/margins": (chosen - rejected).mean(),
-        }
+        return {"rewards/chosen": chosen.mean(), "rewards/rejected": rejected.mean(),
+                "rewards/accuracies": (chosen > rejected).float().mean(), "rewards/margins": (chosen - rejected).mean()}
+
+
+def reference_free_loss(
+    policy_chosen: torch.Tensor,
+    policy_rejected: torch.Tensor,
+    loss_type: str,
+    beta: float,
+    simpo_gamma: float = 0.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """Pair losses of the policy's sequence log-probs alone. (B,), (B,) -> (mean loss, metrics).
+
+    d = pi_c - pi_r (sum or token-mean log-probs, as the caller reduced them);
+    simpo: -log sigma(beta d - gamma), on token means     (Meng et al. 2024, arXiv:2405.14734)
+    cpo:   -log sigma(beta d), on sums                     (Xu et al. 2024, arXiv:2401.08417)
+    orpo:  -beta log sigma(log odds(y_c) - log odds(y_r)), odds(y) = p / (1 - p), p = exp(token
+           mean)                                           (Hong et al. 2024, arXiv:2403.07691)
+    CPO's and ORPO's NLL term on the chosen response is the caller's (dpo.nll_coef), as for RPO.
+    Implicit rewards are beta * pi (no reference); orpo adds "log_odds_ratio" (mean log sigma of
+    the log-odds gap) and "log_odds_chosen" (mean gap).
+    """
+    d = policy_chosen - policy_rejected
+    metrics = _reward_metrics(beta * policy_chosen.detach(), beta * policy_rejected.detach())
+    if loss_type == "simpo":
+        losses = -F.logsigmoid(beta * d - simpo_gamma)
+    elif loss_type == "cpo":
+        losses = -F.logsigmoid(beta * d)
+    elif loss_type == "orpo":
+        # log(1 - p) = log(-expm1(log p)): exact for p close to 1, where 1 - exp would round to 0.
+        log_odds = d - (torch.log(-torch.expm1(policy_chosen)) - torch.log(-torch.expm1(policy_rejected)))
+        ratio = F.logsigmoid(log_odds)
+        losses = -beta * ratio
+        metrics["log_odds_ratio"] = ratio.detach().mean()
+        metrics["log_odds_chosen"] = log_odds.detach().mean()
+    else:
+        raise ValueError(f"unknown reference-free loss_type {loss_type!r}; valid: {list(REFERENCE_FREE)}")
     return losses.mean(), metrics
 
 

@@ -45,7 +45,10 @@ class DPOParams:
     beta: float = 0.1
     """Strength of the implicit KL to the reference (smaller: the policy may move further)."""
     loss_type: str = "sigmoid"
-    """sigmoid (DPO), ipo or hinge (SLiC)."""
+    """sigmoid (DPO), ipo, hinge (SLiC), or the reference-free simpo, cpo, orpo (no reference
+    model is loaded: ref_model_path and precompute_ref do not apply)."""
+    simpo_gamma: float = 1.0
+    """simpo only: the target reward margin gamma in -log sigma(beta d - gamma)."""
     label_smoothing: float = 0.0
     """sigmoid only: assumed probability that a pair's label is flipped (conservative DPO)."""
     reduction: str = "sum"
@@ -115,6 +118,10 @@ def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None)
         need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
         need(p.label_smoothing == 0 or p.loss_type == "sigmoid",
              f"dpo.label_smoothing={p.label_smoothing} applies to dpo.loss_type=sigmoid only, not {p.loss_type!r}")
+        from reinforge.algos.preference import REFERENCE_FREE
+
+        need(p.loss_type not in REFERENCE_FREE or not (p.ref_model_path or p.precompute_ref),
+             f"dpo.loss_type={p.loss_type} uses no reference model: unset dpo.ref_model_path and dpo.precompute_ref")
         if p.ref_model_path:
             check_model_path(p.ref_model_path, "dpo.ref_model_path")
     check_choice(d.overlong, PREF_OVERLONG, "data.overlong")

@@ -34,7 +34,9 @@ RANGES: dict[str, dict[str, str]] = {
                           tis_cap=POS),
     "ActorConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=SIZE,
                         max_tokens_per_micro_batch=COUNT, clip_low="[0, 1)", clip_high=NONNEG, clip_c="(1, inf)",
-                        loss_norm_const=POS, entropy_coeff=NONNEG, kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE),
+                        loss_norm_const=POS, entropy_coeff=NONNEG, kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE,
+                        tau_pos=POS, tau_neg=POS, clip_cov_ratio=PROB, clip_cov_lb="(-inf, inf)",
+                        clip_cov_ub="(-inf, inf)", kl_cov_ratio=PROB, ppo_kl_coef=NONNEG),
     "CriticConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=SIZE,
                          max_tokens_per_micro_batch=COUNT, cliprange_value=POS, warmup_actor_freeze_steps=COUNT),
     "AlgorithmConfig": dict(gamma=UNIT, lam=UNIT, lam_critic=UNIT, length_adaptive_alpha=POS, kl_coef=NONNEG,
@@ -49,7 +51,7 @@ RANGES: dict[str, dict[str, str]] = {
     # reinforge/config/preference.py
     "PrefDataConfig": dict(val_fraction="[0, 1)", max_val_pairs=SIZE, max_length="[2, inf)", batch_size=SIZE,
                            seed=COUNT),
-    "DPOParams": dict(beta=POS, label_smoothing="[0, 0.5)", nll_coef=NONNEG),
+    "DPOParams": dict(beta=POS, label_smoothing="[0, 0.5)", nll_coef=NONNEG, simpo_gamma=NONNEG),
     "RMParams": dict(center_rewards_coef=NONNEG),
 }
 

@@ -6,9 +6,11 @@ Per pair (x, y_c, y_r), with sequence log-probs logp(y|x) (sum or mean of token 
     loss = -log sigma(beta z)            (sigmoid; or ipo / hinge, reinforge.algos.preference)
 
 Chosen and rejected sequences go through the policy in one forward pass (concatenated along
-the batch: rows b and B + b are pair b). The reference is either a frozen model kept in memory,
-or (dpo.precompute_ref) run once over all pairs at the start, its log-probs cached in
-run_dir/ref_logps.pt keyed by the data's and the reference's fingerprint, and then freed.
+the batch: rows b and B + b are pair b). The reference-free losses (simpo, cpo, orpo:
+algos.preference.REFERENCE_FREE) build no reference at all. Otherwise the reference is either a
+frozen model kept in memory, or (dpo.precompute_ref) run once over all pairs at the start, its
+log-probs cached in run_dir/ref_logps.pt keyed by the data's and the reference's fingerprint,
+and then freed.
 """
 from __future__ import annotations
 
@@ -18,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from reinforge.algos.preference import dpo_loss, sequence_logps
+from reinforge.algos.preference import REFERENCE_FREE, dpo_loss, reference_free_loss, sequence_logps
 from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.loading import load_causal_lm
@@ -103,10 +105,11 @@ class DPOTrainer(PairTrainer):
         self.model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **kw)
         self.setup(cfg, tok, train, val)
         self.reference, self.ref_cache = None, None
-        if cfg.dpo.precompute_ref:
+        uses_ref = cfg.dpo.loss_type not in REFERENCE_FREE  # simpo/cpo/orpo read the policy alone
+        if uses_ref and cfg.dpo.precompute_ref:
             splits = {"train": train, **({"val": val} if val else {})}
             self.ref_cache = cached_reference_logps(cfg, splits, self.pad_id)
-        else:
+        elif uses_ref:
             self.reference = load_causal_lm(cfg.dpo.ref_model_path or m.path, train=False, **kw)
         if cfg.eval.prompt_files:  # greedy / sampled accuracy of the policy on RL prompts
             self.prompt_eval = PromptEvaluator(self.model, tok, cfg.eval, device=cfg.derived["device"])
@@ -126,12 +129,15 @@ class DPOTrainer(PairTrainer):
         batch = pair_tensors(items, self.pad_id, self.device)  # (2B, L): chosen rows, then rejected
         logp, mask = response_token_logps(self.model, batch, self.cfg.model)  # (2B, L-1)
         seq = sequence_logps(logp, mask, p.reduction)  # (2B,)
-        ref_c, ref_r = self.reference_logps(items, batch, split)
-        loss, metrics = dpo_loss(seq[:B], seq[B:], ref_c, ref_r, beta=p.beta, loss_type=p.loss_type,
-                                 label_smoothing=p.label_smoothing)
+        if p.loss_type in REFERENCE_FREE:
+            loss, metrics = reference_free_loss(seq[:B], seq[B:], p.loss_type, p.beta, p.simpo_gamma)
+        else:
+            ref_c, ref_r = self.reference_logps(items, batch, split)
+            loss, metrics = dpo_loss(seq[:B], seq[B:], ref_c, ref_r, beta=p.beta, loss_type=p.loss_type,
+                                     label_smoothing=p.label_smoothing)
         if p.nll_coef:
-            # RPO: DPO alone may lower both likelihoods (only their gap is constrained); the
-            # chosen response's per-token NLL keeps the preferred answer likely.
+            # RPO, and CPO's / ORPO's NLL term: a pair loss alone may lower both likelihoods (only
+            # their gap is constrained); the chosen response's per-token NLL keeps it likely.
             nll = -sequence_logps(logp[:B], mask[:B], "mean").mean()
             loss = loss + p.nll_coef * nll
             metrics["nll/chosen"] = nll.detach()
