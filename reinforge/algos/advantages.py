@@ -6,7 +6,8 @@ the group statistics are computed with ``torch.unique`` + ``index_add_`` (no Pyt
 
 Which inputs each estimator needs (the config validator reads these sets):
 ``NEEDS_VALUES`` (a critic), ``NEEDS_GROUPS`` (``group_ids``, i.e. rollout.n > 1 makes sense),
-``NEEDS_BASELINE`` (``baseline_rewards``, ReMax's greedy rollout reward).
+``NEEDS_BASELINE`` (``baseline_rewards``, ReMax's greedy rollout reward), ``NEEDS_TOKEN_STATS``
+(``old_log_probs`` and ``sum_pi_squared`` from the actor, which the RL trainer does not compute yet).
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class AdvantageInput:
     eps: float = 1e-6  # grpo: std epsilon
     baseline_rewards: torch.Tensor | None = None  # (B,) remax: reward of the greedy rollout
     whiten: bool = True  # gae: whiten the advantages over the mask
+    old_log_probs: torch.Tensor | None = None  # (B, T) optimal_token_baseline: log pi of the sampled tokens
+    sum_pi_squared: torch.Tensor | None = None  # (B, T) optimal_token_baseline: sum over the vocabulary of pi^2
 
 
 # --------------------------------------------------------------------------- helpers
@@ -301,6 +304,34 @@ def gpg(inp: AdvantageInput):
     return adv, adv
 
 
+# veRL's epsilon of the optimal token baseline's denominator (not a config key there either).
+_OTB_EPS = 1e-8
+
+
+def optimal_token_baseline(inp: AdvantageInput):
+    """Optimal token baseline (veRL ``optimal_token_baseline``; https://richardli.xyz/optimal-token-baseline).
+
+    G_t = sum_{j >= t} r_j (undiscounted return-to-go over valid tokens), per-token weight
+    w_t = 1 - 2 pi_t + sum_v pi_v^2 (the squared norm of the logit gradient of log pi_t, with
+    pi_t = exp(old_log_probs)), W_t = sum_{j <= t} w_j over valid tokens, and per group and
+    position B_t = sum_i G_t W_t m_t / (sum_i W_t m_t + 1e-8) over the group's rows i;
+    A_t = (G_t - B_t) m_t. Singleton groups: B = 0 (A = G). returns = G (0 outside the mask).
+    Not implemented from veRL: the rollout-IS rescaling of w and ``handle_zero_tail`` (off there).
+    """
+    if inp.old_log_probs is None or inp.sum_pi_squared is None:
+        raise ValueError("advantage estimator 'optimal_token_baseline' needs old_log_probs and sum_pi_squared (B, T)")
+    inv, G = _groups(inp.group_ids, "optimal_token_baseline")
+    r, m = inp.token_level_rewards, inp.response_mask.to(inp.token_level_rewards.dtype)
+    ret = (r * m).flip(-1).cumsum(-1).flip(-1) * m  # (B, T)
+    w = 1.0 - 2.0 * inp.old_log_probs.to(r.dtype).exp() + inp.sum_pi_squared.to(r.dtype)
+    wm = (w * m).cumsum(-1) * m  # (B, T) W_t on valid tokens
+    num = r.new_zeros(G, r.shape[1]).index_add_(0, inv, ret * wm)  # (G, T)
+    den = r.new_zeros(G, r.shape[1]).index_add_(0, inv, wm)
+    count = _group_sum(torch.ones_like(r[:, 0]), inv, G)  # (G,)
+    baseline = torch.where(count[:, None] > 1, num / (den + _OTB_EPS), torch.zeros_like(num))
+    return (ret - baseline[inv]) * m, ret
+
+
 AdvantageFn = Callable[[AdvantageInput], "tuple[torch.Tensor, torch.Tensor]"]
 
 ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
@@ -314,10 +345,13 @@ ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
     "opo": opo,
     "grpo_passk": grpo_passk,
     "gpg": gpg,
+    "optimal_token_baseline": optimal_token_baseline,
 }
 NEEDS_VALUES = frozenset({"gae"})
-NEEDS_GROUPS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg"})
+NEEDS_GROUPS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg",
+                          "optimal_token_baseline"})
 NEEDS_BASELINE = frozenset({"remax"})
+NEEDS_TOKEN_STATS = frozenset({"optimal_token_baseline"})
 
 
 def get_advantage_estimator(name: str) -> AdvantageFn:

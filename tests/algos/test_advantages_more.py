@@ -1,4 +1,5 @@
-"""The breadth estimators of issue 16: GRPO pass@k and GPG (veRL ``grpo_passk``, ``gpg``).
+"""The breadth estimators of issue 16: GRPO pass@k, GPG and the optimal token baseline (veRL
+``grpo_passk``, ``gpg``, ``optimal_token_baseline``).
 
 Hand-computed values on a small batch with holes in the mask, unequal groups in mixed order,
 a tie at the top and a singleton; then each vectorised estimator against a per-group loop.
@@ -103,3 +104,57 @@ def test_needs_groups(name):
     assert name in NEEDS_GROUPS
     with pytest.raises(ValueError, match="needs group_ids"):
         compute_advantages(name, AdvantageInput(torch.zeros(2, 3), torch.ones(2, 3)))
+
+
+def _otb_inputs(gen, B, T):
+    """Random old log-probs and sum pi^2 consistent with a distribution: pi_t <= 1, pi_t^2 <= sum pi^2 <= 1."""
+    pi = torch.rand(B, T, generator=gen, dtype=torch.float64) * 0.9 + 0.05
+    spi2 = pi**2 + (1 - pi) ** 2 * torch.rand(B, T, generator=gen, dtype=torch.float64)
+    return pi.log(), spi2
+
+
+def test_optimal_token_baseline_hand_computed():
+    # Group 1: two rows of 3 tokens, row 1 has a hole at t=1; group 0: a singleton.
+    mask = torch.tensor([[1, 1, 1], [1, 0, 1], [1, 1, 0]], dtype=torch.float64)
+    rewards = torch.tensor([[0, 0, 1.0], [0, 0, 3.0], [0, 2.0, 0]], dtype=torch.float64)
+    groups = torch.tensor([1, 1, 0])
+    pi = torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.9, 0.5], [0.5, 0.5, 0.5]], dtype=torch.float64)
+    spi2 = torch.tensor([[0.5, 0.5, 0.5], [0.25, 0.9, 0.5], [0.5, 0.5, 0.5]], dtype=torch.float64)
+    # w = 1 - 2 pi + sum pi^2: row 0: 0.5, 0.5, 0.5 -> W = 0.5, 1.0, 1.5; row 1: 1 - 0.5 + 0.25 = 0.75,
+    # (hole), 0.5 -> W = 0.75, -, 1.25. Returns-to-go: row 0: 1, 1, 1; row 1: 3, (0), 3.
+    # B_0 = (1*0.5 + 3*0.75) / 1.25 = 2.2; B_1 = row 0 only = 1; B_2 = (1*1.5 + 3*1.25) / 2.75 = 21/11.
+    want = torch.tensor([[1 - 2.2, 1 - 1.0, 1 - 21 / 11], [3 - 2.2, 0.0, 3 - 21 / 11], [2.0, 2.0, 0.0]],
+                        dtype=torch.float64)
+    inp = AdvantageInput(rewards, mask, group_ids=groups, old_log_probs=pi.log(), sum_pi_squared=spi2)
+    adv, ret = compute_advantages("optimal_token_baseline", inp)
+    torch.testing.assert_close(adv, want, rtol=1e-7, atol=1e-7)  # 1e-8 in the denominator
+    torch.testing.assert_close(ret, torch.tensor([[1, 1, 1], [3, 0, 3], [2, 2, 0]], dtype=torch.float64))
+    with pytest.raises(ValueError, match="needs old_log_probs and sum_pi_squared"):
+        compute_advantages("optimal_token_baseline", AdvantageInput(rewards, mask, group_ids=groups))
+
+
+def test_optimal_token_baseline_vectorised_equals_loop(gen):
+    B, T = 30, 9
+    mask = random_mask(B, T, gen, empty_rows=2).double()
+    groups = torch.randint(0, 7, (B,), generator=gen)
+    rewards = torch.randn(B, T, generator=gen, dtype=torch.float64) * (torch.rand(B, T, generator=gen) < 0.3)
+    logp, spi2 = _otb_inputs(gen, B, T)
+    want = torch.zeros(B, T, dtype=torch.float64)
+    for i in range(B):  # per row and position, straight from the definition
+        rows = (groups == groups[i]).nonzero().flatten().tolist()
+        for t in range(T):
+            if not mask[i, t]:
+                continue
+
+            def G(j, t=t):
+                return float((rewards[j, t:] * mask[j, t:]).sum())
+
+            def W(j, t=t):
+                return float(((1 - 2 * logp[j, : t + 1].exp() + spi2[j, : t + 1]) * mask[j, : t + 1]).sum())
+
+            valid = [j for j in rows if mask[j, t]]
+            base = 0.0 if len(rows) == 1 else sum(G(j) * W(j) for j in valid) / (sum(W(j) for j in valid) + 1e-8)
+            want[i, t] = G(i) - base
+    inp = AdvantageInput(rewards, mask, group_ids=groups, old_log_probs=logp, sum_pi_squared=spi2)
+    adv, _ = compute_advantages("optimal_token_baseline", inp)
+    torch.testing.assert_close(adv, want, rtol=1e-10, atol=1e-10)
