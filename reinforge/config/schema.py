@@ -114,13 +114,27 @@ class ActorConfig(AdamWConfig):
     shuffle: bool = True
     """Shuffle sequences before splitting into mini-batches (seeded)."""
     policy_loss: str = "ppo_clip"
-    """Surrogate by name: ppo_clip, gspo, cispo, gmpo, vanilla."""
+    """Surrogate by name: ppo_clip, gspo, cispo, gmpo, vanilla, reinforce, gpg, sapo, clip_cov, kl_cov."""
     clip_low: float = 0.2
     """Lower clip range: ratio >= 1 - clip_low."""
     clip_high: float = 0.2
     """Upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)."""
     clip_c: Optional[float] = None
     """Dual-clip constant (> 1) bounding the loss for negative advantages; None disables."""
+    tau_pos: float = 1.0
+    """sapo: gate temperature for tokens with A > 0 (veRL's default)."""
+    tau_neg: float = 1.05
+    """sapo: gate temperature for tokens with A <= 0 (veRL's default)."""
+    clip_cov_ratio: float = 0.0002
+    """clip_cov: fraction of valid tokens whose gradient is removed (at least one)."""
+    clip_cov_lb: float = 1.0
+    """clip_cov: only tokens with covariance above this are candidates."""
+    clip_cov_ub: float = 5.0
+    """clip_cov: only tokens with covariance below this are candidates."""
+    kl_cov_ratio: float = 0.0002
+    """kl_cov: fraction of valid tokens (largest covariance, at least one) given the KL penalty."""
+    ppo_kl_coef: float = 0.1
+    """kl_cov: weight of the |log ratio| penalty on the selected tokens."""
     loss_agg_mode: str = "token-mean"
     """token-mean, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm."""
     loss_norm_const: Optional[float] = None

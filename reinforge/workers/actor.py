@@ -16,7 +16,7 @@ import torch
 from reinforge.algos.aggregation import agg_denominators, agg_loss
 from reinforge.algos.kl import kl_penalty
 from reinforge.algos.masked import masked_mean
-from reinforge.algos.policy_loss import get_policy_loss
+from reinforge.algos.policy_loss import get_policy_loss, loss_kwargs
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.packing import micro_batches, packed_response_logprobs, restore_order
@@ -63,6 +63,11 @@ class ActorWorker(TrainedWorkerState):
         self.sched = make_scheduler(self.opt, cfg.warmup_steps, total_steps, cfg.lr_schedule)
         self.loss_fn = get_policy_loss(cfg.policy_loss)
         self.gen = torch.Generator().manual_seed(seed)
+        # each loss takes only the hyper-parameters it declares; clip_cov draws from self.gen
+        self.loss_kw = loss_kwargs(self.loss_fn, clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c,
+                                   tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, clip_cov_ratio=cfg.clip_cov_ratio,
+                                   clip_cov_lb=cfg.clip_cov_lb, clip_cov_ub=cfg.clip_cov_ub,
+                                   kl_cov_ratio=cfg.kl_cov_ratio, ppo_kl_coef=cfg.ppo_kl_coef, generator=self.gen)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
 
     @torch.no_grad()
@@ -80,8 +85,7 @@ class ActorWorker(TrainedWorkerState):
         on_policy = "old_log_probs" not in mb
         log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature, need_entropy or on_policy)
         old_log_probs = log_probs.detach() if on_policy else mb["old_log_probs"]
-        loss_mat, m = self.loss_fn(log_probs, old_log_probs, mb["advantages"], mask,
-                                   clip_low=c.clip_low, clip_high=c.clip_high, clip_c=c.clip_c)
+        loss_mat, m = self.loss_fn(log_probs, old_log_probs, mb["advantages"], mask, **self.loss_kw)
         if on_policy:  # what trainers/metrics.py reads from the skipped pass's outputs
             resp = mb["response_mask"].float()
             m["entropy"] = masked_mean(entropy.detach(), resp)
