@@ -247,6 +247,50 @@ def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, kl_cov_ratio=
     return _zero_outside(loss, response_mask), metrics
 
 
+def _dppo(log_probs, old_log_probs, advantages, response_mask, too_far_up, too_far_down, clip_c):
+    """DPPO's shared surrogate: -A * sg(min(r, cap)) * log pi on tokens the trust region keeps.
+
+    too_far_up / too_far_down (B, T) bool: the new policy moved too far up (blocks A > 0 tokens)
+    or down (blocks A < 0 tokens). cap = clip_c, or 20 when None (veRL's fallback). The gradient
+    of a kept token is -A * min(r, cap) * grad log pi (PPO's unclipped gradient, IS-capped).
+    """
+    lr = _log_ratio(log_probs, old_log_probs)
+    cap = 20.0 if clip_c is None else clip_c
+    weight = torch.exp(lr).detach().clamp(max=cap)
+    keep = torch.where(advantages > 0, ~too_far_up, ~too_far_down)
+    loss = torch.where(keep, -advantages * weight * log_probs, torch.zeros_like(log_probs))
+    metrics = _metrics(log_probs, old_log_probs, response_mask, ~keep, keep & (torch.exp(lr) > cap))
+    return _zero_outside(loss, response_mask), metrics
+
+
+def dppo_tv(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """DPPO, total-variation trust region (https://arxiv.org/abs/2602.04879, veRL ``dppo_tv``).
+
+    A token is dropped (loss 0) when its probability moved beyond the bound in the direction its
+    advantage pushes: p - p_old > clip_high with A > 0, or p - p_old < -clip_low with A <= 0
+    (bounds on probabilities, not ratios). Kept tokens: -A * sg(min(r, cap)) * log pi (``_dppo``).
+    pg_clipfrac: dropped tokens; pg_clipfrac_lower: kept tokens whose ratio exceeds the cap.
+    """
+    with torch.no_grad():
+        diff = torch.exp(log_probs) - torch.exp(old_log_probs)
+    return _dppo(log_probs, old_log_probs, advantages, response_mask, diff > clip_high, diff < -clip_low, clip_c)
+
+
+def dppo_kl(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+    """DPPO, binary-KL trust region (https://arxiv.org/abs/2602.04879, veRL ``dppo_kl``).
+
+    The divergence is the KL between the Bernoulli distributions (p_old, 1 - p_old) and (p, 1 - p)
+    of the sampled token: p_old log(p_old / p) + (1 - p_old) log((1 - p_old) / (1 - p)) (1e-8 added
+    inside the second log, as veRL). A token is dropped when that KL exceeds clip_high and p rose
+    (A > 0), or exceeds clip_low and p fell (A <= 0). Otherwise as ``dppo_tv``.
+    """
+    with torch.no_grad():
+        p, p_old = torch.exp(log_probs), torch.exp(old_log_probs)
+        bkl = p_old * (old_log_probs - log_probs) + (1 - p_old) * (torch.log(1 - p_old + 1e-8) - torch.log(1 - p + 1e-8))
+    return _dppo(log_probs, old_log_probs, advantages, response_mask,
+                 (bkl > clip_high) & (p > p_old), (bkl > clip_low) & (p < p_old), clip_c)
+
+
 PolicyLossFn = Callable[..., "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
@@ -260,6 +304,8 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "sapo": sapo,
     "clip_cov": clip_cov,
     "kl_cov": kl_cov,
+    "dppo_tv": dppo_tv,
+    "dppo_kl": dppo_kl,
 }
 
 

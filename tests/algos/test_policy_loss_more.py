@@ -1,4 +1,4 @@
-"""veRL 0.9's extra policy losses (reinforce/gpg, sapo, clip_cov, kl_cov) and the `+` KL names:
+"""veRL 0.9's extra policy losses (reinforce/gpg, sapo, clip_cov, kl_cov, dppo_tv/kl) and the `+` KL names:
 hand-computed values, metrics and gradients, and a one-step GRPO run with each loss."""
 
 import json
@@ -109,6 +109,48 @@ def test_kl_cov_picks_at_least_one_token():
     assert math.isclose(loss[0, 0].item(), -2 * math.exp(0.5) + 0.1 * 0.5, rel_tol=1e-6)  # tok0 has the top cov
 
 
+# DPPO: old and new probabilities of five sampled tokens and their advantages.
+P_OLD = [0.5, 0.5, 0.5, 0.5, 0.01]
+P_NEW = [0.8, 0.6, 0.2, 0.8, 0.1]
+ADV5 = [1.0, 1.0, -1.0, -1.0, 1.0]
+
+
+def _dppo(name, **kw):
+    lp = torch.tensor([P_NEW]).log().requires_grad_(True)
+    loss, met = get_policy_loss(name)(lp, torch.tensor([P_OLD]).log(), torch.tensor([ADV5]), torch.ones(1, 5), **kw)
+    return loss, _grad(loss, lp), met
+
+
+def test_dppo_tv_drops_tokens_whose_probability_moved_too_far():
+    loss, grad, met = _dppo("dppo_tv", clip_low=0.2, clip_high=0.2, clip_c=5.0)
+    # p - p_old = [0.3, 0.1, -0.3, 0.3, 0.09]: tok0 (A>0, +0.3 > 0.2) and tok2 (A<0, -0.3 < -0.2) dropped;
+    # tok3 rose but its A < 0 only checks the lower side: kept. Kept: -A * min(r, 5) * log p:
+    # tok1 r=1.2: -1.2 ln 0.6 = 0.612991; tok3 r=1.6: 1.6 ln 0.8 = -0.357030; tok4 r=10 -> 5: -5 ln 0.1 = 11.512925
+    assert torch.allclose(loss, torch.tensor([[0.0, 0.612991, 0.0, -0.357030, 11.512925]]), atol=1e-5)
+    assert torch.allclose(grad, torch.tensor([[0.0, -1.2, 0.0, 1.6, -5.0]]), atol=1e-5)
+    assert math.isclose(met["pg_clipfrac"].item(), 2 / 5, rel_tol=1e-6) and math.isclose(met["pg_clipfrac_lower"].item(), 1 / 5, rel_tol=1e-6)
+
+
+def test_dppo_kl_uses_the_binary_kl_of_the_sampled_token():
+    loss, grad, met = _dppo("dppo_kl", clip_low=0.25, clip_high=0.2, clip_c=5.0)
+    # binary KL: 0.5->0.8 and 0.5->0.2 both 0.5 ln(5/8) + 0.5 ln(5/2) = 0.223144; 0.5->0.6: 0.020411;
+    # 0.01->0.1: 0.01 ln 0.1 + 0.99 ln(0.99/0.9) = 0.071331. tok0 rose with A>0 and 0.223 > 0.2: dropped;
+    # tok2 fell with A<0 but 0.223 <= clip_low 0.25: kept (-(-1) 0.4 ln 0.2 = -0.643775); tok3 rose, A<0: kept
+    assert torch.allclose(loss, torch.tensor([[0.0, 0.612991, -0.643775, -0.357030, 11.512925]]), atol=1e-5)
+    assert torch.allclose(grad, torch.tensor([[0.0, -1.2, 0.4, 1.6, -5.0]]), atol=1e-5)
+    assert math.isclose(met["pg_clipfrac"].item(), 1 / 5, rel_tol=1e-6)
+    _, _, met = _dppo("dppo_kl", clip_low=0.2, clip_high=0.2, clip_c=5.0)
+    assert math.isclose(met["pg_clipfrac"].item(), 2 / 5, rel_tol=1e-6)  # with clip_low 0.2, tok2 is dropped too
+
+
+def test_dppo_ratio_cap_defaults_to_20():
+    lp = torch.tensor([[math.log(0.5)]], requires_grad=True)
+    loss, met = get_policy_loss("dppo_tv")(lp, torch.tensor([[math.log(0.01)]]), torch.ones(1, 1), torch.ones(1, 1),
+                                           clip_high=0.5)
+    assert math.isclose(loss.item(), -20 * math.log(0.5), rel_tol=1e-6)  # r = 50 capped at 20
+    assert met["pg_clipfrac_lower"].item() == 1
+
+
 def test_loss_kwargs_picks_what_each_loss_declares():
     pool = dict(clip_low=0.1, clip_high=0.3, clip_c=3.0, tau_pos=2.0, kl_cov_ratio=0.1, generator=None)
     assert loss_kwargs(get_policy_loss("sapo"), **pool) == dict(clip_low=0.1, clip_high=0.3, clip_c=3.0, tau_pos=2.0)
@@ -127,7 +169,7 @@ def test_plus_kl_names_value_of_base_gradient_of_k2(plus, base):
     assert torch.allclose(_grad(got, lp), torch.tensor([[0.5, -0.5, 0.0]]))
 
 
-@pytest.mark.parametrize("loss", ["reinforce", "gpg", "sapo", "clip_cov", "kl_cov"])
+@pytest.mark.parametrize("loss", ["reinforce", "gpg", "sapo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"])
 def test_each_new_loss_trains_one_grpo_step(loss, tiny_model_dir, arith_data, tmp_path):
     run = tmp_path / loss
     extra = {"actor.policy_loss": loss, "trainer.total_steps": 1, "actor.use_kl_loss": True,
