@@ -114,7 +114,8 @@ class ActorConfig(AdamWConfig):
     shuffle: bool = True
     """Shuffle sequences before splitting into mini-batches (seeded)."""
     policy_loss: str = "ppo_clip"
-    """Surrogate by name: ppo_clip, gspo, cispo, gmpo, vanilla, reinforce, gpg, sapo, clip_cov, kl_cov."""
+    """Surrogate by name: ppo_clip, gspo, cispo, gmpo, vanilla, reinforce, gpg, sapo, clip_cov, kl_cov,
+    dppo_tv, dppo_kl (docs/algorithms.md)."""
     clip_low: float = 0.2
     """Lower clip range: ratio >= 1 - clip_low."""
     clip_high: float = 0.2
