@@ -112,3 +112,125 @@ def test_reference_free_rejects_reference_keys(tiny_model_dir, arith_data, tmp_p
                "dpo.precompute_ref=true"])
     err = capsys.readouterr().err
     assert rc == 2 and "dpo.loss_type=simpo uses no reference model" in err, err
+
+
+# ---- KTO -------------------------------------------------------------------------------------
+
+def sigmoid(x: float) -> float:
+    return 1 / (1 + math.exp(-x))
+
+
+def test_kto_by_hand():
+    from reinforge.algos.preference import kto_loss, kto_reference_point
+
+    policy, ref = torch.tensor([-1.0, -2.0, -3.0]), torch.tensor([-1.5, -1.5, -2.0])  # r = [0.5, -0.5, -1.0]
+    labels = torch.tensor([True, False, True])
+    loss, m = kto_loss(policy, ref, labels, torch.tensor(0.2), beta=0.5, desirable_weight=1.0, undesirable_weight=2.0)
+    # desirable: 1 - sigma(beta (r - z0)); undesirable: w_U (1 - sigma(beta (z0 - r))).
+    expected = ((1 - sigmoid(0.5 * 0.3)) + 2 * (1 - sigmoid(0.5 * 0.7)) + (1 - sigmoid(0.5 * -1.2))) / 3
+    assert loss.item() == pytest.approx(expected, abs=1e-6)
+    assert m["rewards/chosen"].item() == pytest.approx(0.5 * (0.5 - 1.0) / 2)
+    assert m["rewards/rejected"].item() == pytest.approx(0.5 * -0.5)
+    assert m["kl"].item() == pytest.approx(0.2)
+    # z0 = max(0, mean log-ratio): [0.5, -1.0] -> 0 (clamped); [1.0, 0.0] -> 0.5.
+    assert kto_reference_point(torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])).item() == 0.0
+    assert kto_reference_point(torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -2.0])).item() == 0.5
+
+
+def test_kto_reference_point_carries_no_gradient():
+    from reinforge.algos.preference import kto_loss, kto_reference_point
+
+    policy = torch.tensor([-1.0, -2.0], dtype=torch.float64, requires_grad=True)
+    ref = torch.tensor([-2.0, -2.5], dtype=torch.float64)
+    kl = kto_reference_point(policy, ref)  # 0.75, from the same tensor the loss differentiates
+    loss, _ = kto_loss(policy, ref, torch.tensor([True, False]), kl, beta=0.1)
+    loss.backward()
+    # d/dp (1 - sigma(b x)) = -b s (1 - s), x = r - z0 (desirable) or z0 - r (undesirable, sign flips).
+    s0, s1 = sigmoid(0.1 * (1.0 - 0.75)), sigmoid(0.1 * (0.75 - 0.5))
+    expected = [-0.1 * s0 * (1 - s0) / 2, 0.1 * s1 * (1 - s1) / 2]
+    assert policy.grad.tolist() == pytest.approx(expected, rel=1e-9)
+
+
+def test_unpaired_dataset_reads_both_schemas(tiny_model_dir, tmp_path):
+    from reinforge.data import write_rows
+    from reinforge.data.io import DataError
+    from reinforge.data.preference import UnpairedPreferenceDataset
+    from reinforge.models.loading import load_tokenizer
+
+    tok = load_tokenizer(tiny_model_dir)
+    unpaired = write_rows([{"prompt": "1+1=", "completion": "2", "label": True},
+                           {"prompt": "1+1=", "completion": "3", "label": False}], str(tmp_path / "u.jsonl"))
+    items = UnpairedPreferenceDataset(unpaired, tok, max_length=16).items
+    assert [it["label"] for it in items] == [True, False]
+    assert items[0]["completion_ids"][-1] == tok.eos_token_id
+    paired = write_rows([{"prompt": "1+1=", "chosen": "2", "rejected": "3"}], str(tmp_path / "p.jsonl"))
+    items = UnpairedPreferenceDataset(paired, tok, max_length=16).items
+    assert [(tok.decode(it["completion_ids"][:-1]), it["label"]) for it in items] == [("2", True), ("3", False)]
+    bad = write_rows([{"prompt": "1+1=", "completion": "2", "label": "yes"}], str(tmp_path / "b.jsonl"))
+    with pytest.raises(DataError, match=r"b.jsonl: row 0: field 'label': 'yes' is not a boolean"):
+        UnpairedPreferenceDataset(bad, tok, max_length=16)
+
+
+@pytest.fixture(scope="module")
+def unpaired_prefs(arith_data, tmp_path_factory) -> str:
+    """The arithmetic task's first 8 pairs as 16 labelled completions (TRL's unpaired schema)."""
+    from reinforge.data import load_rows, write_rows
+
+    rows = [{"prompt": r["prompt"], "completion": r[key], "label": key == "chosen"}
+            for r in load_rows(arith_data["prefs"])[:8] for key in ("chosen", "rejected")]
+    return write_rows(rows, str(tmp_path_factory.mktemp("kto") / "unpaired.parquet"))
+
+
+def test_kto_preset_end_to_end(tiny_model_dir, unpaired_prefs, tmp_path):
+    trainer = DPOTrainer(load_config(DPOConfig, "kto", _overrides(tiny_model_dir, unpaired_prefs, tmp_path)))
+    assert trainer.reference is not None and len(trainer.train) == 16
+    final = trainer.fit()
+    assert math.isfinite(final["loss"]) and final["grad_norm"] > 0
+    rows = [json.loads(x) for x in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    first = [r for r in rows if r.get("step") == 1 and "loss" in r][0]
+    # Step 1: policy == reference, so r = 0 and z0 = 0: every completion's loss is 1 - sigma(0).
+    assert first["kl"] == 0.0 and first["loss"] == pytest.approx(0.5, abs=1e-6)
+    assert 0 < first["desirable_fraction"] < 1
+    assert final["kl"] >= 0.0
+
+
+def test_kto_kl_uses_mismatched_pairs_and_accumulates_exactly(tiny_model_dir, unpaired_prefs, tmp_path):
+    from reinforge.trainers.dpo import policy_sequence_logps
+    from reinforge.trainers.preference_common import unpaired_tensors
+
+    trainer = DPOTrainer(load_config(DPOConfig, "kto", _overrides(tiny_model_dir, unpaired_prefs, tmp_path)))
+    torch.manual_seed(7)  # a draw under which the mismatched pairs' mean log-ratio is +0.49, not clamped
+    with torch.no_grad():  # move the reference off the policy so z0 and the log-ratios are not 0
+        for p in trainer.reference.parameters():
+            p.add_(0.05 * torch.randn_like(p))
+    items = [trainer.train[i] for i in range(8)]
+    # z0 by hand: prompt i scored with the completion of item i + 1 (mod 8).
+    shifted = [{"prompt_ids": items[i]["prompt_ids"], "completion_ids": items[(i + 1) % 8]["completion_ids"]}
+               for i in range(8)]
+    batch = unpaired_tensors(shifted, trainer.pad_id, trainer.device)
+    with torch.no_grad():
+        diff = (policy_sequence_logps(trainer.model, batch, trainer.cfg.model, "sum")
+                - policy_sequence_logps(trainer.reference, batch, trainer.cfg.model, "sum"))
+    kl = trainer.kl_reference_point(items)
+    assert diff.mean().item() > 0.05  # the clamp at 0 is not what is tested here
+    assert kl.item() == pytest.approx(diff.mean().item(), abs=1e-5)
+
+    def grads(micro: int) -> torch.Tensor:  # one step's gradient with micro-batches of `micro`
+        trainer.model.zero_grad()
+        state = trainer.batch_state(items)
+        for start in range(0, 8, micro):
+            loss, _ = trainer.pair_loss(items[start:start + micro], **state)
+            (loss * micro / 8).backward()
+        return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
+
+    whole, split = grads(8), grads(2)
+    assert torch.allclose(whole, split, rtol=1e-4, atol=1e-7), (whole - split).abs().max()
+
+
+def test_kto_rejects_precomputed_reference(tiny_model_dir, unpaired_prefs, tmp_path, capsys):
+    from reinforge.cli.main import main
+
+    rc = main(["dpo", "--config", "kto", *_overrides(tiny_model_dir, unpaired_prefs, tmp_path),
+               "dpo.precompute_ref=true"])
+    err = capsys.readouterr().err
+    assert rc == 2 and "dpo.loss_type=kto scores the reference on each batch's mismatched pairs" in err, err

@@ -8,9 +8,12 @@ import torch.nn.functional as F
 
 from .masked import masked_mean, masked_sum
 
+PAIRED_WITH_REFERENCE = ("sigmoid", "ipo", "hinge")
 REFERENCE_FREE = ("simpo", "cpo", "orpo")
 """Losses of the policy's log-probs alone: no reference model is loaded or scored."""
-DPO_LOSS_TYPES = ("sigmoid", "ipo", "hinge", *REFERENCE_FREE)
+UNPAIRED = ("kto",)
+"""Losses of single completions labelled desirable or not (rows prompt/completion/label)."""
+DPO_LOSS_TYPES = (*PAIRED_WITH_REFERENCE, *REFERENCE_FREE, *UNPAIRED)
 
 
 def sequence_logps(token_logps: torch.Tensor, mask: torch.Tensor, reduction: str = "sum") -> torch.Tensor:
@@ -51,7 +54,7 @@ def dpo_loss(
     elif loss_type == "hinge":
         losses = torch.relu(1 - beta * z)
     else:
-        raise ValueError(f"unknown DPO loss_type {loss_type!r}; valid: {list(DPO_LOSS_TYPES)}")
+        raise ValueError(f"unknown DPO loss_type {loss_type!r}; valid: {list(PAIRED_WITH_REFERENCE)}")
     metrics = _reward_metrics(beta * (policy_chosen - ref_chosen), beta * (policy_rejected - ref_rejected))
     return losses.mean(), metrics
 
@@ -96,6 +99,46 @@ def reference_free_loss(
         metrics["log_odds_chosen"] = log_odds.detach().mean()
     else:
         raise ValueError(f"unknown reference-free loss_type {loss_type!r}; valid: {list(REFERENCE_FREE)}")
+    return losses.mean(), metrics
+
+
+def kto_reference_point(policy_logps: torch.Tensor, ref_logps: torch.Tensor) -> torch.Tensor:
+    """KTO's reference point z0 from mismatched (prompt, completion) pairs. (N,), (N,) -> ().
+
+    z0 = max(0, mean(pi - ref)): a batch estimate of KL(pi || ref), detached (no gradient flows
+    through it, as in the paper and TRL).
+    """
+    return (policy_logps - ref_logps).detach().mean().clamp(min=0)
+
+
+def kto_loss(
+    policy_logps: torch.Tensor,
+    ref_logps: torch.Tensor,
+    labels: torch.Tensor,
+    kl: torch.Tensor,
+    beta: float = 0.1,
+    desirable_weight: float = 1.0,
+    undesirable_weight: float = 1.0,
+) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+    """KTO (Ethayarajh et al. 2024, arXiv:2402.01306) on unpaired completions.
+
+    policy_logps, ref_logps (B,) sequence log-probs; labels (B,) bool (True: desirable); kl ()
+    the detached reference point z0 (kto_reference_point). With r = pi - ref:
+    desirable:   w_D (1 - sigma(beta (r - z0)));   undesirable: w_U (1 - sigma(beta (z0 - r))).
+    -> (mean over the B completions, {"rewards/chosen", "rewards/rejected" (mean beta r over the
+    desirable / undesirable completions, 0 where there are none), "rewards/margins", "kl"}).
+    """
+    r = policy_logps - ref_logps
+    labels = labels.bool()
+    weights = torch.where(labels, desirable_weight, undesirable_weight).to(r.dtype)
+    gap = torch.where(labels, r - kl, kl - r)
+    losses = weights * (1 - torch.sigmoid(beta * gap))
+    with torch.no_grad():
+        rewards = beta * r
+        chosen = (rewards * labels).sum() / labels.sum().clamp(min=1)
+        rejected = (rewards * ~labels).sum() / (~labels).sum().clamp(min=1)
+        metrics = {"rewards/chosen": chosen, "rewards/rejected": rejected, "rewards/margins": chosen - rejected,
+                   "kl": kl.detach()}
     return losses.mean(), metrics
 
 

@@ -45,10 +45,16 @@ class DPOParams:
     beta: float = 0.1
     """Strength of the implicit KL to the reference (smaller: the policy may move further)."""
     loss_type: str = "sigmoid"
-    """sigmoid (DPO), ipo, hinge (SLiC), or the reference-free simpo, cpo, orpo (no reference
-    model is loaded: ref_model_path and precompute_ref do not apply)."""
+    """sigmoid (DPO), ipo, hinge (SLiC), the reference-free simpo, cpo, orpo (no reference model
+    is loaded: ref_model_path and precompute_ref do not apply), or kto (unpaired rows
+    prompt/completion/label; paired rows count as one desirable and one undesirable row)."""
     simpo_gamma: float = 1.0
     """simpo only: the target reward margin gamma in -log sigma(beta d - gamma)."""
+    desirable_weight: float = 1.0
+    """kto only: weight of the desirable completions' loss (lambda_D)."""
+    undesirable_weight: float = 1.0
+    """kto only: weight of the undesirable completions' loss (lambda_U); the KTO paper advises
+    lambda_D n_D / (lambda_U n_U) in [1, 4/3] when the classes are imbalanced."""
     label_smoothing: float = 0.0
     """sigmoid only: assumed probability that a pair's label is flipped (conservative DPO)."""
     reduction: str = "sum"
@@ -111,15 +117,21 @@ def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None)
         cfg.eval.reward_functions = normalize_reward_functions(cfg.eval.reward_functions, "eval.reward_functions")
     check_data_files(d.train_files, others, kind="prompt/chosen/rejected file")
     if isinstance(cfg, DPOConfig):
-        from reinforge.algos.preference import DPO_LOSS_TYPES  # imports torch, as training does
+        from reinforge.algos.preference import (  # imports torch, as training does
+            DPO_LOSS_TYPES, PAIRED_WITH_REFERENCE, REFERENCE_FREE, UNPAIRED)
 
         p = cfg.dpo
-        need(p.loss_type in DPO_LOSS_TYPES, f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(DPO_LOSS_TYPES)}")
+        need(p.loss_type in DPO_LOSS_TYPES,
+             f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(PAIRED_WITH_REFERENCE)}, the reference-free "
+             f"{list(REFERENCE_FREE)} or the unpaired {list(UNPAIRED)}")
         need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
         need(p.label_smoothing == 0 or p.loss_type == "sigmoid",
              f"dpo.label_smoothing={p.label_smoothing} applies to dpo.loss_type=sigmoid only, not {p.loss_type!r}")
-        from reinforge.algos.preference import REFERENCE_FREE
-
+        need(p.loss_type not in UNPAIRED or not (p.precompute_ref or p.nll_coef),
+             f"dpo.loss_type={p.loss_type} scores the reference on each batch's mismatched pairs and has no "
+             "chosen response: unset dpo.precompute_ref and dpo.nll_coef")
+        need(p.loss_type not in UNPAIRED or d.batch_size >= 2,
+             f"dpo.loss_type={p.loss_type} estimates its KL term from mismatched pairs: set data.batch_size >= 2")
         need(p.loss_type not in REFERENCE_FREE or not (p.ref_model_path or p.precompute_ref),
              f"dpo.loss_type={p.loss_type} uses no reference model: unset dpo.ref_model_path and dpo.precompute_ref")
         if p.ref_model_path:

@@ -51,7 +51,8 @@ RANGES: dict[str, dict[str, str]] = {
     # reinforge/config/preference.py
     "PrefDataConfig": dict(val_fraction="[0, 1)", max_val_pairs=SIZE, max_length="[2, inf)", batch_size=SIZE,
                            seed=COUNT),
-    "DPOParams": dict(beta=POS, label_smoothing="[0, 0.5)", nll_coef=NONNEG, simpo_gamma=NONNEG),
+    "DPOParams": dict(beta=POS, label_smoothing="[0, 0.5)", nll_coef=NONNEG, simpo_gamma=NONNEG,
+                      desirable_weight=NONNEG, undesirable_weight=NONNEG),
     "RMParams": dict(center_rewards_coef=NONNEG),
 }
 

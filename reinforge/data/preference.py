@@ -1,4 +1,5 @@
-"""Preference pairs (prompt/chosen/rejected) for DPO and reward-model training."""
+"""Preference pairs (prompt/chosen/rejected) for DPO and reward-model training, and unpaired
+labelled completions (prompt/completion/label) for KTO."""
 
 from __future__ import annotations
 
@@ -64,4 +65,65 @@ def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tenso
         for key in ("chosen_ids", "rejected_ids")
         for it in items
     ]
+    return collate_sft(rows, pad_id)
+
+
+def _label(value, path: str, row: int) -> bool:
+    """A row's label as a bool: True/False, 0/1 or numpy's bool_; anything else is a DataError."""
+    if value is None:
+        raise row_error(path, row, "label", "missing")
+    if not isinstance(value, str) and value in (True, False):
+        return bool(value)
+    raise row_error(path, row, "label", f"{value!r} is not a boolean (true: desirable, false: undesirable)")
+
+
+class UnpairedPreferenceDataset(ItemsDataset):
+    """Items {"prompt_text": str, "prompt_ids", "completion_ids": list[int], "label": bool}.
+
+    Rows are TRL's unpaired preference schema (prompt, completion, label: true = desirable), or
+    prompt/chosen/rejected pairs, each split into a desirable and an undesirable item (as TRL
+    unpairs them for KTO). Completions may be text or message lists and end with eos; a missing
+    or empty field, or a non-boolean label, raises DataError naming file, row and field.
+    """
+
+    def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error"):
+        if overlong not in PREF_OVERLONG:
+            raise ValueError(f"overlong must be one of {PREF_OVERLONG}, got {overlong!r}")
+        rows = self._read(path, tokenizer, need_eos=True)
+        paired = not any("completion" in row for row in rows)
+        fields = ("chosen", "rejected") if paired else ("completion",)
+        require_columns(rows, self.path, ("prompt", *fields) if paired else ("prompt", "completion", "label"),
+                        "an unpaired preference file has prompt, completion and label columns "
+                        "(or prompt, chosen and rejected)")
+        prompts = [render_prompt(row.get("prompt"), tokenizer, self.path, i, "prompt") for i, row in enumerate(rows)]
+        # Per field: (token ids of each row's completion, each row's label).
+        columns = []
+        for field in fields:
+            texts = [response_text(row.get(field), self.path, i, field) for i, row in enumerate(rows)]
+            labels = ([field == "chosen"] * len(rows) if paired
+                      else [_label(row.get("label"), self.path, i) for i, row in enumerate(rows)])
+            columns.append((field, nonempty_ids(encode(tokenizer, texts), self.path, field), labels))
+        p_ids = nonempty_ids(encode(tokenizer, prompts), self.path, "prompt")
+        eos = tokenizer.eos_token_id
+        self.items, self.num_skipped = [], 0
+        for i, (text, p) in enumerate(zip(prompts, p_ids)):
+            for field, ids, labels in columns:
+                c = ids[i]
+                if len(p) + len(c) + 1 > max_length:
+                    if overlong == "error":
+                        raise row_error(self.path, i, field, f"prompt + response is {len(p) + len(c) + 1} tokens > "
+                                        f"data.max_length={max_length} (set data.overlong=skip)")
+                    self.num_skipped += 1
+                    continue
+                self.items.append({"prompt_text": text, "prompt_ids": p, "completion_ids": c + [eos],
+                                   "label": labels[i]})
+        if not self.items:
+            raise DataError(f"{file_label(self.path)}: no completion fits data.max_length={max_length}")
+
+
+def collate_unpaired(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:
+    """One right-padded row per item: input_ids, attention_mask, loss_mask (B, L); loss_mask is 1
+    on the completion's tokens (incl. eos)."""
+    rows = [{"input_ids": it["prompt_ids"] + it["completion_ids"],
+             "loss_mask": [0] * len(it["prompt_ids"]) + [1] * len(it["completion_ids"])} for it in items]
     return collate_sft(rows, pad_id)

@@ -11,6 +11,11 @@ algos.preference.REFERENCE_FREE) build no reference at all. Otherwise the refere
 frozen model kept in memory, or (dpo.precompute_ref) run once over all pairs at the start, its
 log-probs cached in run_dir/ref_logps.pt keyed by the data's and the reference's fingerprint,
 and then freed.
+
+KTO (dpo.loss_type=kto) trains on labelled completions, one row each, against the live
+reference; its reference point z0 = max(0, mean(logp_pi - logp_ref)) over mismatched pairs
+(prompt i with the completion of item i + 1 of the same batch, as TRL builds them) is computed
+once per batch, before its micro-batches (`batch_state`), so accumulation stays exact.
 """
 from __future__ import annotations
 
@@ -20,12 +25,14 @@ from pathlib import Path
 
 import torch
 
-from reinforge.algos.preference import REFERENCE_FREE, dpo_loss, reference_free_loss, sequence_logps
+from reinforge.algos.preference import (REFERENCE_FREE, UNPAIRED, dpo_loss, kto_loss, kto_reference_point,
+                                       reference_free_loss, sequence_logps)
 from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.loading import load_causal_lm
 from reinforge.seeding import seed_everything
-from reinforge.trainers.preference_common import PairSubset, PairTrainer, load_inputs, pair_tensors
+from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_inputs, pair_tensors,
+                                                  unpaired_tensors)
 from reinforge.trainers.validation import PromptEvaluator
 
 
@@ -124,7 +131,38 @@ class DPOTrainer(PairTrainer):
         B = len(items)
         return ref[:B], ref[B:]
 
-    def pair_loss(self, items: list[dict], split: str = "train"):
+    def batch_state(self, items: list[dict]) -> dict:
+        return {"kl": self.kl_reference_point(items)} if self.cfg.dpo.loss_type in UNPAIRED else {}
+
+    @torch.no_grad()
+    def kl_reference_point(self, items: list[dict]) -> torch.Tensor:
+        """KTO's z0 over a whole batch of labelled completions: () from N mismatched pairs."""
+        n, m, red = len(items), self.cfg.model, self.cfg.dpo.reduction
+        mismatched = [{"prompt_ids": items[i]["prompt_ids"], "completion_ids": items[(i + 1) % n]["completion_ids"]}
+                      for i in range(n)]
+        pol, ref = [], []
+        for start in range(0, n, self.micro):
+            batch = unpaired_tensors(mismatched[start:start + self.micro], self.pad_id, self.device)
+            pol.append(policy_sequence_logps(self.model, batch, m, red))
+            ref.append(policy_sequence_logps(self.reference, batch, m, red))
+        return kto_reference_point(torch.cat(pol), torch.cat(ref))
+
+    def unpaired_loss(self, items: list[dict], kl: torch.Tensor):
+        """KTO's mean loss over labelled completions `items` (B,) and its metrics."""
+        p = self.cfg.dpo
+        batch = unpaired_tensors(items, self.pad_id, self.device)  # (B, L)
+        seq = policy_sequence_logps(self.model, batch, self.cfg.model, p.reduction)  # (B,)
+        with torch.no_grad():
+            ref = policy_sequence_logps(self.reference, batch, self.cfg.model, p.reduction)
+        labels = torch.tensor([it["label"] for it in items], device=seq.device)
+        loss, metrics = kto_loss(seq, ref, labels, kl, beta=p.beta, desirable_weight=p.desirable_weight,
+                                 undesirable_weight=p.undesirable_weight)
+        metrics["desirable_fraction"] = labels.float().mean()
+        return loss, metrics
+
+    def pair_loss(self, items: list[dict], split: str = "train", kl: torch.Tensor | None = None):
+        if self.cfg.dpo.loss_type in UNPAIRED:
+            return self.unpaired_loss(items, kl)
         p, B = self.cfg.dpo, len(items)
         batch = pair_tensors(items, self.pad_id, self.device)  # (2B, L): chosen rows, then rejected
         logp, mask = response_token_logps(self.model, batch, self.cfg.model)  # (2B, L-1)

@@ -44,14 +44,18 @@ class PairSubset:
 
 def load_pairs(cfg, tokenizer, rows: dict | None = None) -> tuple[PairSubset, PairSubset | None]:
     """Training pairs and held-out pairs (val_files, or a seeded val_fraction of the train files);
-    `rows`: datasets handed over in Python (trainers/inputs.py)."""
-    from reinforge.data import PreferenceDataset
+    `rows`: datasets handed over in Python (trainers/inputs.py). For an unpaired loss (KTO) the
+    items are labelled completions instead (data.preference.UnpairedPreferenceDataset)."""
+    from reinforge.algos.preference import UNPAIRED
+    from reinforge.data.preference import PreferenceDataset, UnpairedPreferenceDataset
     from reinforge.trainers.inputs import data_source, make_dataset
 
     d = cfg.data
+    unpaired = getattr(getattr(cfg, "dpo", None), "loss_type", None) in UNPAIRED
+    dataset_cls = UnpairedPreferenceDataset if unpaired else PreferenceDataset
 
     def read(files, what: str, key: str):
-        parts = [make_dataset(PreferenceDataset, data_source(f, key, rows or {}), f, tokenizer, max_length=d.max_length,
+        parts = [make_dataset(dataset_cls, data_source(f, key, rows or {}), f, tokenizer, max_length=d.max_length,
                               overlong=d.overlong) for f in files]
         skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
                                "data.overlong=skip")
@@ -99,6 +103,13 @@ def pair_tensors(items: list[dict], pad_id: int, device) -> dict[str, torch.Tens
     return {k: v.to(device) for k, v in collate_preference(items, pad_id).items()}
 
 
+def unpaired_tensors(items: list[dict], pad_id: int, device) -> dict[str, torch.Tensor]:
+    """One row per labelled completion, right-padded: input_ids, attention_mask, loss_mask (B, L)."""
+    from reinforge.data.preference import collate_unpaired
+
+    return {k: v.to(device) for k, v in collate_unpaired(items, pad_id).items()}
+
+
 def weighted_mean(parts: list[tuple[int, dict]]) -> dict[str, float]:
     """Metrics of micro-batches (n pairs, {name: mean}) -> their mean over all pairs."""
     total = sum(n for n, _ in parts)
@@ -132,18 +143,26 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
         self.prompt_eval = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
 
-    def pair_loss(self, items: list[dict], split: str = "train") -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Mean loss over the pairs in `items` (from `split`: train or val) and mean metrics."""
+    def pair_loss(self, items: list[dict], split: str = "train",
+                  **batch_state) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Mean loss over the pairs in `items` (from `split`: train or val) and mean metrics;
+        `batch_state` is what `batch_state` returned for the whole batch they belong to."""
         raise NotImplementedError
+
+    def batch_state(self, items: list[dict]) -> dict:
+        """Values a loss needs from the whole batch (all micro-batches), computed once before
+        them, so that accumulation stays exact (KTO's KL reference point); none by default."""
+        return {}
 
     # ---- one step ---------------------------------------------------------------------------
     def step(self) -> dict[str, float]:
         items = next(self.loader)
         parts = []
         with self.timer("update"):
+            state = self.batch_state(items)
             for start in range(0, len(items), self.micro):
                 chunk = items[start:start + self.micro]
-                loss, m = self.pair_loss(chunk)
+                loss, m = self.pair_loss(chunk, **state)
                 # The batch loss is the mean over pairs: each chunk counts by its share of them.
                 (loss * len(chunk) / len(items)).backward()
                 parts.append((len(chunk), {"loss": loss.detach(), **m}))
@@ -161,10 +180,11 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
         if self.val:
             self.model.eval()
             try:
-                parts = []
-                for start in range(0, len(self.val), self.micro):
-                    chunk = [self.val[i] for i in range(start, min(start + self.micro, len(self.val)))]
-                    loss, m = self.pair_loss(chunk, split="val")
+                parts, items = [], [self.val[i] for i in range(len(self.val))]
+                state = self.batch_state(items)  # the held-out set counts as one batch
+                for start in range(0, len(items), self.micro):
+                    chunk = items[start:start + self.micro]
+                    loss, m = self.pair_loss(chunk, split="val", **state)
                     parts.append((len(chunk), {"loss": loss, **m}))
             finally:
                 self.model.train()
