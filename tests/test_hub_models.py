@@ -89,6 +89,23 @@ def test_sft_trains_from_a_hub_id(offline, arith_data, tmp_path):
     assert saved["derived"]["hub_ids"] == {"model.path": "org/tiny"}
 
 
+def test_eval_takes_a_hub_id(offline, arith_data, capsys):
+    """`reinforge eval --model org/tiny` resolves the id like model.path; a missing one is the
+    same one-line error, before anything loads."""
+    import json
+
+    from reinforge.cli.main import main
+
+    argv = ["eval", "--model", "org/tiny", "--data", arith_data["test"], "--reward", "arithmetic",
+            "--max-samples", "2", "--n", "2", "--max-prompt-length", "8", "--max-response-length", "3"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    metrics = json.loads(out[out.index("{"):])
+    assert 0.0 <= metrics["val/acc_greedy"] <= 1.0
+    assert main(["eval", "--model", "org/absent", "--data", arith_data["test"]]) == 2
+    assert "--model='org/absent': no such folder, and Hub model 'org/absent'" in capsys.readouterr().err
+
+
 RESOLVE = """
 import sys
 from reinforge.config.load import ConfigError
