@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from reinforge.config.load import list_presets, load_config
+from reinforge.config.load import PRESET_DIR, list_presets, load_config, yaml_header
 from reinforge.config.schema import RLConfig
 from reinforge.protocol import Batch
 from reinforge.trainers import stages
@@ -17,10 +17,10 @@ from reinforge.trainers.rl import RLTrainer
 from tests.conftest import rl_overrides
 
 # Every RL algorithm preset, so a new one is covered automatically. Left out: the SFT, DPO and
-# reward-model presets (not RL), and the demo presets (sized for `reinforge demo`, which
-# tests/test_demo.py runs).
-NON_RL_PREFIXES = ("sft", "dpo", "rm", "demo_")
-PRESETS = [p for p in list_presets() if not p.startswith(NON_RL_PREFIXES)]
+# reward-model presets (not RL: their first line names another command, e.g. `# dpo: ...` for
+# simpo and kto), and the demo presets (sized for `reinforge demo`, which tests/test_demo.py runs).
+PRESETS = [p for p in list_presets()
+           if yaml_header(PRESET_DIR / f"{p}.yaml")[0] == "train" and not p.startswith("demo_")]
 
 
 def test_preset_list_covers_the_rl_algorithms():
