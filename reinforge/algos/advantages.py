@@ -7,7 +7,7 @@ the group statistics are computed with ``torch.unique`` + ``index_add_`` (no Pyt
 Which inputs each estimator needs (the config validator reads these sets):
 ``NEEDS_VALUES`` (a critic), ``NEEDS_GROUPS`` (``group_ids``, i.e. rollout.n > 1 makes sense),
 ``NEEDS_BASELINE`` (``baseline_rewards``, ReMax's greedy rollout reward), ``NEEDS_TOKEN_STATS``
-(``old_log_probs`` and ``sum_pi_squared`` from the actor, which the RL trainer does not compute yet).
+(``old_log_probs`` and ``sum_pi_squared`` from the actor's old-log-prob pass, run for them even on-policy).
 """
 
 from __future__ import annotations

@@ -180,9 +180,6 @@ def validate(cfg: RLConfig) -> RLConfig:
     check_data_files(cfg.data.train_files, {"data.val_files": cfg.data.val_files})
     check_name(a.adv_estimator, advantages.ADVANTAGE_ESTIMATORS, "algorithm.adv_estimator")
     check_name(act.policy_loss, policy_loss.POLICY_LOSSES, "actor.policy_loss")
-    need(a.adv_estimator not in advantages.NEEDS_TOKEN_STATS,
-         f"algorithm.adv_estimator={a.adv_estimator!r} needs the actor's sum of pi^2 over the vocabulary per "
-         f"token, which the RL trainer does not compute yet: call reinforge.algos.compute_advantages from Python")
     need(act.clip_cov_lb < act.clip_cov_ub, f"actor.clip_cov_lb={act.clip_cov_lb} must be below "
                                             f"actor.clip_cov_ub={act.clip_cov_ub} (clip_cov's covariance window)")
     check_name(act.loss_agg_mode, aggregation.AGG_MODES, "actor.loss_agg_mode")

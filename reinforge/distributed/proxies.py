@@ -57,8 +57,9 @@ class _TrainedRole:
 class ActorProxy(_TrainedRole):
     role = "actor"
 
-    def log_probs(self, batch: Batch, *, with_entropy: bool = True) -> Batch:
-        return self.group.run_split("actor", "log_probs", batch, with_entropy=with_entropy)
+    def log_probs(self, batch: Batch, *, with_entropy: bool = True, with_sum_pi_squared: bool = False) -> Batch:
+        return self.group.run_split("actor", "log_probs", batch, with_entropy=with_entropy,
+                                    with_sum_pi_squared=with_sum_pi_squared)
 
 
 class CriticProxy(_TrainedRole):

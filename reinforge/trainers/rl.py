@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from reinforge.algos.advantages import NEEDS_BASELINE
+from reinforge.algos.advantages import NEEDS_BASELINE, NEEDS_TOKEN_STATS
 from reinforge.config.load import ConfigError
 from reinforge.protocol import Batch
 from reinforge.trainers import stages
@@ -98,10 +98,12 @@ class RLTrainer(TrainingLoop):
             with self.timer("baseline"):
                 b_batch, b_metrics = stages.greedy_baseline(batch, self.rollout, self.reward)
             batch, metrics = batch | b_batch, {**metrics, **b_metrics}
-        # vLLM's correction compares the two; a frozen actor has no update pass to report entropy
-        if not self.on_policy or self.actor_frozen or "tis_cap" in batch.meta:
+        # vLLM's correction compares the two; a frozen actor has no update pass to report entropy;
+        # the optimal token baseline reads pi and sum pi^2 before the update
+        token_stats = cfg.algorithm.adv_estimator in NEEDS_TOKEN_STATS
+        if not self.on_policy or self.actor_frozen or "tis_cap" in batch.meta or token_stats:
             with self.timer("old_log_prob"):
-                batch = batch | self.actor.log_probs(batch)
+                batch = batch | self.actor.log_probs(batch, with_sum_pi_squared=token_stats)
         if self.reference is not None:
             with self.timer("ref"):
                 batch = batch | self.reference.log_probs(batch)

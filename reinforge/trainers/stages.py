@@ -34,7 +34,9 @@ def advantages_stage(batch: Batch, algo: AlgorithmConfig, value_pretraining: boo
         group_ids=batch["group_ids"], gamma=algo.gamma, lam=algo.lam,
         lam_critic=1.0 if value_pretraining else algo.lam_critic,
         length_adaptive_alpha=algo.length_adaptive_alpha, norm_by_std=algo.norm_adv_by_std,
-        baseline_rewards=batch["baseline_scores"] if "baseline_scores" in batch else None)
+        baseline_rewards=batch["baseline_scores"] if "baseline_scores" in batch else None,
+        old_log_probs=batch["old_log_probs"] if "old_log_probs" in batch else None,
+        sum_pi_squared=batch["sum_pi_squared"] if "sum_pi_squared" in batch else None)
     adv, ret = compute_advantages(algo.adv_estimator, inp)
     out = {"advantages": adv, "returns": ret}
     if "token_level_rewards" not in batch:

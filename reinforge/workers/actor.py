@@ -22,6 +22,7 @@ from reinforge.models.forward import response_logprobs
 from reinforge.models.packing import micro_batches, packed_response_logprobs, restore_order
 from reinforge.protocol import Batch
 from reinforge.workers import dp
+from reinforge.workers.token_stats import batch_sum_pi_squared
 from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
                                      mini_batches)
 
@@ -71,11 +72,16 @@ class ActorWorker(TrainedWorkerState):
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
 
     @torch.no_grad()
-    def log_probs(self, batch: Batch, *, with_entropy: bool = True) -> Batch:
-        """-> old_log_probs (B, T) and, optionally, entropy (B, T)."""
+    def log_probs(self, batch: Batch, *, with_entropy: bool = True, with_sum_pi_squared: bool = False) -> Batch:
+        """-> old_log_probs (B, T) and, optionally, entropy (B, T) and sum_pi_squared (B, T)
+        (sum over the vocabulary of pi^2: the optimal token baseline's input; an extra forward)."""
         logp, ent = batch_log_probs(self.model, batch, self.mcfg, self.micro_batch_size,
                                     self.cfg.max_tokens_per_micro_batch, with_entropy)
-        return Batch({"old_log_probs": logp, **({"entropy": ent} if with_entropy else {})})
+        out = Batch({"old_log_probs": logp, **({"entropy": ent} if with_entropy else {})})
+        if with_sum_pi_squared:
+            out["sum_pi_squared"] = batch_sum_pi_squared(self.model, batch, self.mcfg, self.micro_batch_size,
+                                                         self.cfg.max_tokens_per_micro_batch)
+        return out
 
     def _micro_loss(self, mb: Batch, denom: dict, temperature: float) -> tuple[torch.Tensor, dict]:
         c = self.cfg

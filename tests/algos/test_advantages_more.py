@@ -158,3 +158,16 @@ def test_optimal_token_baseline_vectorised_equals_loop(gen):
     inp = AdvantageInput(rewards, mask, group_ids=groups, old_log_probs=logp, sum_pi_squared=spi2)
     adv, _ = compute_advantages("optimal_token_baseline", inp)
     torch.testing.assert_close(adv, want, rtol=1e-10, atol=1e-10)
+
+
+def test_sum_pi_squared_from_logits_hand_computed():
+    from reinforge.algos.token_stats import sum_pi_squared_from_logits
+
+    ln3 = torch.log(torch.tensor(3.0)).item()
+    logits = torch.tensor([[0.0, 0.0, -1e4], [ln3, 0.0, -1e4], [2 * ln3, 0.0, -1e4]])
+    # pi = (1/2, 1/2): 1/2; (3/4, 1/4): 5/8; the third row at temperature 2 equals the second.
+    got = sum_pi_squared_from_logits(logits, temperature=1.0)
+    torch.testing.assert_close(got[:2], torch.tensor([0.5, 0.625]))
+    torch.testing.assert_close(sum_pi_squared_from_logits(logits[2:], temperature=2.0), torch.tensor([0.625]))
+    # top-k = 1 keeps one token: sum pi^2 = 1.
+    torch.testing.assert_close(sum_pi_squared_from_logits(logits[1:2], top_k=1), torch.tensor([1.0]))
