@@ -1,6 +1,7 @@
-"""`reinforge report` on real tiny SFT, DPO and RM runs: the panels find the metric names these
-trainers log (a renamed metric would turn a curve into a "not logged" line and fail here). The
-untrained model's validation accuracy may be 0 at every step: found, but a line of text."""
+"""The report of real tiny SFT, DPO and RM runs (written when the run ends, and by `reinforge
+report`): the panels find the metric names these trainers log (a renamed metric would turn a
+curve into a "not logged" line and fail here). The untrained model's validation accuracy may be
+0 at every step: found, but a line of text."""
 from __future__ import annotations
 
 import pytest
@@ -34,8 +35,8 @@ def test_report_of_a_tiny_run(command, tiny_model_dir, arith_data, tmp_path, cap
     extra, panels, kind = CASES[command]
     run = tmp_path / command
     assert main([command, f"model.path={tiny_model_dir}", f"trainer.run_dir={run}", *COMMON, *extra(arith_data)]) == 0
-    assert main(["report", str(run)]) == 0
-    page = (run / "report" / "index.html").read_text()
+    page = (run / "report" / "index.html").read_text()  # written at the end of the run (trainer.report)
+    assert main(["report", str(run)]) == 0  # and again on demand
     assert f"reinforge {kind} run" in page and 'class="grid"' in page
     rows = read_metrics(run)
     found = {p.slug for p in PANELS[command] if plan_panel(rows, p).lines or plan_panel(rows, p).zero}

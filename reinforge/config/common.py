@@ -84,6 +84,8 @@ class RunConfig:
     """Show a progress bar."""
     export_hf: bool = True
     """Write the final model as a from_pretrained-loadable folder in run_dir/hf."""
+    report: bool = True
+    """Render the run report (plots + HTML in run_dir/report) at the end."""
 
 
 @dataclass

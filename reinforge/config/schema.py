@@ -115,7 +115,7 @@ class ActorConfig(AdamWConfig):
     """Shuffle sequences before splitting into mini-batches (seeded)."""
     policy_loss: str = "ppo_clip"
     """Surrogate by name: ppo_clip, gspo, cispo, gmpo, vanilla, reinforce, gpg, sapo, clip_cov, kl_cov,
-    dppo_tv, dppo_kl (docs/algorithms.md)."""
+    dppo_tv, dppo_kl, dro (docs/algorithms.md)."""
     clip_low: float = 0.2
     """Lower clip range: ratio >= 1 - clip_low."""
     clip_high: float = 0.2
@@ -136,8 +136,10 @@ class ActorConfig(AdamWConfig):
     """kl_cov: fraction of valid tokens (largest covariance, at least one) given the KL penalty."""
     ppo_kl_coef: float = 0.1
     """kl_cov: weight of the |log ratio| penalty on the selected tokens."""
+    dro_beta: float = 0.05
+    """dro: weight of the quadratic log-ratio penalty, (dro_beta / 2) (log pi - log pi_old)^2."""
     loss_agg_mode: str = "token-mean"
-    """token-mean, seq-mean-token-sum, seq-mean-token-mean or seq-mean-token-sum-norm."""
+    """token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm or token-sum."""
     loss_norm_const: Optional[float] = None
     """Constant for seq-mean-token-sum-norm (Dr.GRPO); None = rollout.max_response_length."""
     entropy_coeff: float = 0.0
@@ -249,8 +251,6 @@ class TrainerConfig(RunConfig):
     """Ray: data-parallel workers per node."""
     pass_k: list = field(default_factory=lambda: [1, 4])
     """k values of the unbiased pass@k estimator in validation."""
-    report: bool = True
-    """Render the run report (plots + HTML) at the end."""
     log_samples_every: int = 10
     """Write a few training rollouts (prompt, response, each reward function's score, reward,
     advantage) to samples/train_step_N.jsonl at step 1 and every k steps; 0 never."""

@@ -101,7 +101,11 @@ class TrainingLoop:
         """Right after each step(), before validation and checkpoint."""
 
     def finish(self) -> None:
-        """After the run's logger is closed (e.g. render the report)."""
+        """After the run's logger is closed: the report (RL, SFT, DPO and RM runs alike)."""
+        if self.cfg.trainer.report:
+            from reinforge.report import write_report
+
+            write_report(self.run_dir)
 
     def close(self) -> None:
         """Always, last: release workers and pools."""

@@ -177,12 +177,6 @@ class RLTrainer(TrainingLoop):
     def export(self) -> Path:
         return export_hf(self.actor_model, self.tok, self.run_dir / "hf")
 
-    def finish(self) -> None:
-        if self.cfg.trainer.report:
-            from reinforge.report import write_report
-
-            write_report(self.run_dir)
-
     def close(self) -> None:
         self.reward.close()
         group = getattr(self.actor, "group", None)  # trainer.backend=ray: stop the ranks now, not at exit
