@@ -9,6 +9,9 @@ Modes (``AGG_MODES``):
 - ``seq-mean-token-sum-norm``: per-sequence sum / ``norm_const`` (default T, the padded response
   length), averaged over sequences (Dr.GRPO, https://arxiv.org/abs/2503.20783: a constant
   normaliser removes the length bias of per-sequence means).
+- ``token-sum``: sum of all valid token losses, divided by nothing (veRL's mode of that name,
+  verl-project/verl PR #7197: every token weighs the same whatever the batch size, so the loss
+  and the gradient scale with the number of tokens; lower the learning rate to match).
 
 Gradient accumulation. Every mode is a plain sum over rows divided by a global count, so
 passing the *whole mini-batch's* ``num_tokens`` / ``num_seqs`` (see ``agg_denominators``) to each
@@ -26,7 +29,7 @@ import torch
 
 from .masked import _safe_div, masked_mean, masked_sum
 
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
+AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
 
 
 def agg_denominators(mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -60,6 +63,8 @@ def agg_loss(
     """
     if mode not in AGG_MODES:
         raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)}")
+    if mode == "token-sum":  # a plain sum: micro-batch sums add up to the mini-batch's exactly
+        return masked_sum(loss_mat, mask)
     if mode == "token-mean":
         den = mask.float().sum() if num_tokens is None else num_tokens
         return _safe_div(masked_sum(loss_mat, mask), _as_tensor(den, loss_mat))

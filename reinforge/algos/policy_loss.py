@@ -6,8 +6,8 @@ Every loss is::
        clip_low=0.2, clip_high=0.2, clip_c=None, **hyper) -> (loss_mat (B, T), metrics)
 
 Losses with their own hyper-parameters (sapo's tau_pos/tau_neg, clip_cov's and kl_cov's
-ratios and bounds, clip_cov's ``generator``) declare them as keywords; ``loss_kwargs`` picks
-from a pool of hyper-parameters the ones a loss declares.
+ratios and bounds, clip_cov's ``generator``, dro's dro_beta) declare them as keywords;
+``loss_kwargs`` picks from a pool of hyper-parameters the ones a loss declares.
 
 log_probs (B, T) carry the gradient; old_log_probs, advantages (B, T) are constants. The
 loss matrix is per token (0 outside the mask); reduce it with ``aggregation.agg_loss``.
@@ -291,6 +291,22 @@ def dppo_kl(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2
                  (bkl > clip_high) & (p > p_old), (bkl > clip_low) & (p < p_old), clip_c)
 
 
+def dro(log_probs, old_log_probs, advantages, response_mask, *, dro_beta=0.05,
+        clip_low=0.2, clip_high=0.2, clip_c=None):
+    """DRO-style loss (Direct Reward Optimization, https://arxiv.org/abs/2405.19107; veRL ``dro``,
+    verl-project/verl PR #7245): -(A * log pi - (dro_beta / 2) * (log pi - log pi_old)^2).
+
+    The REINFORCE term plus a quadratic penalty on the log-ratio, which replaces the clip as
+    the trust region: the gradient is (-A + dro_beta * log r) * grad log pi. The penalty applies
+    at every valid token, whatever its advantage. clip_* are unused; no token is clipped.
+    """
+    lr = _log_ratio(log_probs, old_log_probs)
+    loss = -advantages * log_probs + 0.5 * dro_beta * lr.square()
+    none = torch.zeros_like(log_probs, dtype=torch.bool)
+    metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
+    return _zero_outside(loss, response_mask), metrics
+
+
 PolicyLossFn = Callable[..., "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
 
 POLICY_LOSSES: dict[str, PolicyLossFn] = {
@@ -306,6 +322,7 @@ POLICY_LOSSES: dict[str, PolicyLossFn] = {
     "kl_cov": kl_cov,
     "dppo_tv": dppo_tv,
     "dppo_kl": dppo_kl,
+    "dro": dro,
 }
 
 

@@ -68,7 +68,8 @@ class ActorWorker(TrainedWorkerState):
         self.loss_kw = loss_kwargs(self.loss_fn, clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c,
                                    tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, clip_cov_ratio=cfg.clip_cov_ratio,
                                    clip_cov_lb=cfg.clip_cov_lb, clip_cov_ub=cfg.clip_cov_ub,
-                                   kl_cov_ratio=cfg.kl_cov_ratio, ppo_kl_coef=cfg.ppo_kl_coef, generator=self.gen)
+                                   kl_cov_ratio=cfg.kl_cov_ratio, ppo_kl_coef=cfg.ppo_kl_coef, dro_beta=cfg.dro_beta,
+                                   generator=self.gen)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
 
     @torch.no_grad()

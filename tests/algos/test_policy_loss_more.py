@@ -1,5 +1,6 @@
-"""veRL 0.9's extra policy losses (reinforce/gpg, sapo, clip_cov, kl_cov, dppo_tv/kl) and the `+` KL names:
-hand-computed values, metrics and gradients, and a one-step GRPO run with each loss."""
+"""veRL 0.9's extra policy losses (reinforce/gpg, sapo, clip_cov, kl_cov, dppo_tv/kl, dro), the
+token-sum aggregation and the `+` KL names: hand-computed values, metrics and gradients, and a
+one-step GRPO run with each loss."""
 
 import json
 import math
@@ -7,7 +8,7 @@ import math
 import pytest
 import torch
 
-from reinforge.algos import get_policy_loss, kl_penalty
+from reinforge.algos import agg_loss, get_policy_loss, kl_penalty
 from reinforge.algos.policy_loss import POLICY_LOSSES, loss_kwargs
 from reinforge.cli.main import main
 from reinforge.config.load import ConfigError, load_config
@@ -151,6 +152,27 @@ def test_dppo_ratio_cap_defaults_to_20():
     assert met["pg_clipfrac_lower"].item() == 1
 
 
+def test_dro_quadratic_log_ratio_penalty():
+    lr = torch.tensor([[0.2, -0.4, 0.4]])
+    lp = torch.tensor([[0.5, 0.25, 0.5]]).log().requires_grad_(True)
+    adv = torch.tensor([[1.0, -2.0, 0.0]])
+    loss, met = get_policy_loss("dro")(lp, lp.detach() - lr, adv, torch.ones(1, 3), dro_beta=0.5)
+    # -A log p + 0.25 (log r)^2: -ln 0.5 + 0.01 = 0.703147; 2 ln 0.25 + 0.04 = -2.732589; A = 0: 0.04
+    assert torch.allclose(loss, torch.tensor([[0.703147, -2.732589, 0.04]]), atol=1e-6)
+    # gradient -A + 0.5 log r: the penalty pulls back even where A = 0
+    assert torch.allclose(_grad(loss, lp), torch.tensor([[-0.9, 1.8, 0.2]]), atol=1e-6)
+    assert met["pg_clipfrac"] == 0
+
+
+def test_token_sum_aggregation_divides_by_nothing():
+    L = torch.tensor([[1.0, 2.0, 3.0], [4.0, 5.0, 6.0]], requires_grad=True)
+    m = torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])
+    out = agg_loss(L, m, "token-sum", num_tokens=100, num_seqs=100)  # global counts are not used
+    assert out.item() == 1 + 2 + 4 + 5 + 6
+    (g,) = torch.autograd.grad(out, L)
+    assert torch.equal(g, m)
+
+
 def test_loss_kwargs_picks_what_each_loss_declares():
     pool = dict(clip_low=0.1, clip_high=0.3, clip_c=3.0, tau_pos=2.0, kl_cov_ratio=0.1, generator=None)
     assert loss_kwargs(get_policy_loss("sapo"), **pool) == dict(clip_low=0.1, clip_high=0.3, clip_c=3.0, tau_pos=2.0)
@@ -169,11 +191,13 @@ def test_plus_kl_names_value_of_base_gradient_of_k2(plus, base):
     assert torch.allclose(_grad(got, lp), torch.tensor([[0.5, -0.5, 0.0]]))
 
 
-@pytest.mark.parametrize("loss", ["reinforce", "gpg", "sapo", "clip_cov", "kl_cov", "dppo_tv", "dppo_kl"])
-def test_each_new_loss_trains_one_grpo_step(loss, tiny_model_dir, arith_data, tmp_path):
+@pytest.mark.parametrize("loss, agg", [("reinforce", "token-sum"), ("gpg", "token-mean"), ("sapo", "seq-mean-token-mean"),
+                                       ("clip_cov", "token-mean"), ("kl_cov", "token-mean"), ("dppo_tv", "token-mean"),
+                                       ("dppo_kl", "token-mean"), ("dro", "token-mean")])
+def test_each_new_loss_trains_one_grpo_step(loss, agg, tiny_model_dir, arith_data, tmp_path):
     run = tmp_path / loss
-    extra = {"actor.policy_loss": loss, "trainer.total_steps": 1, "actor.use_kl_loss": True,
-             "actor.kl_loss_type": "low_var_kl+"}
+    extra = {"actor.policy_loss": loss, "actor.loss_agg_mode": agg, "trainer.total_steps": 1,
+             "actor.use_kl_loss": True, "actor.kl_loss_type": "low_var_kl+"}
     assert main(["train", "--config", "grpo", *rl_overrides(tiny_model_dir, arith_data, str(run), **extra)]) == 0
     rows = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     step = [r for r in rows if r["step"] == 1][0]
