@@ -171,8 +171,7 @@ def sapo(log_probs, old_log_probs, advantages, response_mask, *, tau_pos=1.0, ta
     actor.loss_agg_mode decides).
     """
     ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
-    tau = torch.where(advantages > 0, torch.as_tensor(tau_pos, dtype=ratio.dtype),
-                      torch.as_tensor(tau_neg, dtype=ratio.dtype)).to(ratio.device)
+    tau = torch.full_like(ratio, tau_neg).masked_fill(advantages > 0, tau_pos)  # ratio's dtype and device
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
     none = torch.zeros_like(log_probs, dtype=torch.bool)
     metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
