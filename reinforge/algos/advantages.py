@@ -266,7 +266,7 @@ def _group_std(centered: torch.Tensor, inv: torch.Tensor, n_groups: int, count: 
 
 
 def grpo_passk(inp: AdvantageInput):
-    """GRPO for pass@k (veRL ``grpo_passk``, after https://arxiv.org/abs/2503.19595).
+    """GRPO for pass@k (veRL ``grpo_passk``, which cites https://arxiv.org/abs/2503.19595).
 
     Only the best response of a group is credited: A = r_max - r_second_max on it, 0 on every
     other response (so a tie at the top gives the whole group 0). Divided by the unbiased
