@@ -90,13 +90,16 @@ def _data_lines(command: str, cfg, tok) -> list[str]:
         from reinforge.config.preference import validate_preference
         from reinforge.trainers.preference_common import load_pairs
 
+        from reinforge.algos.preference import UNPAIRED
+
         train, val = load_pairs(cfg, tok)
         validate_preference(cfg, len(train))
-        lines = [f"data.train_files: {len(train)} training pairs"
+        unit = "labelled completions" if getattr(getattr(cfg, "dpo", None), "loss_type", None) in UNPAIRED else "pairs"
+        lines = [f"data.train_files: {len(train)} training {unit}"
                  f"{_skipped(cfg, 'skipped_rows', f'data.max_length={d.max_length}')}"
                  f"; {_steps(cfg.derived['total_steps'])} of {d.batch_size}"]
     if val:
-        lines.append(f"held-out: {len(val)} {'rows' if command == 'sft' else 'pairs'}")
+        lines.append(f"held-out: {len(val)} {'rows' if command == 'sft' else unit}")
     return lines
 
 
