@@ -60,3 +60,18 @@ def rl_overrides(model_dir: str, data: dict, run_dir: str, **extra) -> list[str]
     }
     base.update(extra)
     return [f"{k}={v}" for k, v in base.items()]
+
+
+def ragged_batch(vocab: int, B: int, P: int, T: int, **extra):
+    """Left-padded prompts (P) and right-padded responses (T) of varied lengths. `extra` maps a
+    key to a function of the generator that draws its (B, T) values after the ids, in order."""
+    from reinforge.protocol import Batch
+
+    g = torch.Generator().manual_seed(0)
+    ids = torch.randint(3, vocab, (B, P + T), generator=g)
+    mask = torch.zeros(B, P + T, dtype=torch.long)
+    for b in range(B):
+        mask[b, P - 1 - b % P:P + 1 + (3 * b) % T] = 1
+    ids = ids * mask
+    return Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, -T:], "response_mask": mask[:, -T:],
+                  **{k: draw(g) for k, draw in extra.items()}})

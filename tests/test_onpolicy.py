@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from reinforge.algos.masked import masked_mean
+from tests.conftest import ragged_batch
 from tests.grad_check import assert_same_steps, record_steps
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -25,18 +26,9 @@ def _actor(model_dir, **actor_kw):
 
 
 def _batch(vocab: int, B: int = 8, P: int = 4, T: int = 6):
-    """Left-padded prompts, right-padded responses of varied lengths; random advantages and a
-    reference that differs from the actor (so the KL terms are not zero)."""
-    from reinforge.protocol import Batch
-
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, vocab, (B, P + T), generator=g)
-    mask = torch.zeros(B, P + T, dtype=torch.long)
-    for b in range(B):
-        mask[b, P - 1 - b % P:P + 1 + (3 * b) % T] = 1
-    ids = ids * mask
-    return Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, -T:], "response_mask": mask[:, -T:],
-                  "advantages": torch.randn(B, T, generator=g), "ref_log_probs": -3 + torch.rand(B, T, generator=g)})
+    """Random advantages and a reference that differs from the actor (so the KL terms are not zero)."""
+    return ragged_batch(vocab, B, P, T, advantages=lambda g: torch.randn(B, T, generator=g),
+                        ref_log_probs=lambda g: -3 + torch.rand(B, T, generator=g))
 
 
 @pytest.mark.parametrize("kw", [dict(policy_loss="ppo_clip", clip_c=3.0, entropy_coeff=0.01),

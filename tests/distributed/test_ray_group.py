@@ -17,7 +17,7 @@ from reinforge.config.schema import RLConfig  # noqa: E402
 from reinforge.config.validate import validate  # noqa: E402
 from reinforge.protocol import Batch  # noqa: E402
 from reinforge.seeding import seed_everything  # noqa: E402
-from tests.conftest import rl_overrides  # noqa: E402
+from tests.conftest import ragged_batch, rl_overrides  # noqa: E402
 import tests.grad_check  # noqa: E402
 from tests.grad_check import assert_same_steps, record_steps  # noqa: E402
 
@@ -41,14 +41,8 @@ def _cfg(model_dir, data, run_dir, **extra):
 
 
 def _batch(vocab: int, B: int = 16, P: int = 8, T: int = 6) -> Batch:
-    g = torch.Generator().manual_seed(0)
-    ids = torch.randint(3, vocab, (B, P + T), generator=g)
-    mask = torch.zeros(B, P + T, dtype=torch.long)
-    for b in range(B):
-        mask[b, P - 1 - b % P:P + 1 + (3 * b) % T] = 1
-    ids = ids * mask
-    return Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, -T:], "response_mask": mask[:, -T:],
-                  "advantages": torch.randn(B, T, generator=g), "returns": torch.randn(B, T, generator=g)})
+    return ragged_batch(vocab, B, P, T, advantages=lambda g: torch.randn(B, T, generator=g),
+                        returns=lambda g: torch.randn(B, T, generator=g))
 
 
 def _record_on_rank(rank, role: str) -> None:
