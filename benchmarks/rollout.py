@@ -4,7 +4,7 @@
     python benchmarks/rollout.py --quick    # a smoke run
 
 Models are built from config like `reinforge model` (character tokenizer): tiny = the 3M
-default (hidden 256, 4 layers), 32 response tokens; small = hidden 512, 8 layers (~25M), 128
+default (hidden 256, 4 layers), 32 response tokens; small = hidden 512, 8 layers (15.0M), 128
 response tokens. Each call generates 4 prompts x 8 samples at temperature 1 with
 rollout.ignore_eos, so every backend produces exactly the same number of tokens. Calls alternate
 between backends (the machine is shared and noisy), and the table prints the median seconds per

@@ -5,7 +5,7 @@
                                 [--steps 6] [--threads 1] [--attn sdpa]
 
 Both sides get the same model folder (`reinforge model --out`: tiny = 3M parameters, <= 32
-response tokens; small = hidden 512 x 8 layers, ~25M, <= 128 tokens), the same arithmetic
+response tokens; small = hidden 512 x 8 layers, 15.0M, <= 128 tokens), the same arithmetic
 prompts, 4 prompts x 8 samples per optimizer step (one step per batch, one epoch), the same lr,
 precision and attention kernel, sampling at temperature 1 from the full softmax, EOS suppressed on both sides
 (reinforge `rollout.ignore_eos`, TRL `min_new_tokens`), so every response is exactly the
