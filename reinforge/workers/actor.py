@@ -122,7 +122,8 @@ class ActorWorker(TrainedWorkerState):
         (see workers/dp.py); counts and shares are the global mini-batch's, and the loss is
         scaled by the world size because FSDP averages gradients over ranks."""
         temperature = batch.meta.get("temperature", 1.0)
-        if "old_log_probs" not in batch and not (self.cfg.ppo_epochs == 1 and len(batch) <= self.mini_batch_size):
+        if "old_log_probs" not in batch and not on_policy_update(self.model, self.cfg.ppo_epochs, self.mini_batch_size,
+                                                                 len(batch)):
             raise ValueError("old_log_probs may be left out only for an on-policy update (one epoch, one mini-batch)")
         sums, shared, nonfinite, n_mini = MetricSum(), MetricSum(), 0, 0
         world = dp.world_size()
