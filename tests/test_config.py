@@ -247,6 +247,14 @@ def test_reward_functions_malformed(functions, match):
         normalize_reward_functions(cfg.reward.functions, "reward.functions")
 
 
+def test_reward_styles_key_matches_the_styles():
+    """config.validate keeps its own copy (the config package does not import reinforge.rewards)."""
+    from reinforge.config.validate import REWARD_STYLES
+    from reinforge.rewards.styles import STYLES
+
+    assert REWARD_STYLES == ("auto", *STYLES)
+
+
 def test_yaml_syntax_error_names_file_line_column(tmp_path):
     bad = tmp_path / "bad.yaml"
     bad.write_text("rollout:\n  n: 4\n  temperature: [1.0\nactor:\n  lr: 1e-3\n")
