@@ -11,7 +11,7 @@ import pytest
 import yaml
 
 from reinforge.cli.errors import USER_ERROR_NAMES, is_user_error
-from reinforge.cli.main import TRAINERS, main
+from reinforge.cli.main import TRAINERS, _load, main
 from reinforge.config.load import ConfigError, config_command, list_presets, load_config
 from tests.conftest import rl_overrides
 
@@ -54,8 +54,7 @@ def test_presets_lists_each_with_its_command(capsys):
     assert sorted(lines) == list_presets()
     for name, (command, text) in lines.items():
         assert command in TRAINERS and len(text) > 20, name
-        load_config(importlib.import_module(TRAINERS[command][0].split(":")[0]).__dict__[TRAINERS[command][0].split(":")[1]],
-                    name)  # the header's command is the one whose schema reads the preset
+        load_config(_load(TRAINERS[command][0]), name)  # the header's command is the one whose schema reads the preset
     assert lines["grpo"][0] == "train" and lines["sft"][0] == "sft" and lines["rm_demo"][0] == "rm"
     assert config_command("dpo_ipo") == "dpo"  # its header, not only its base's
 
