@@ -131,9 +131,9 @@ class RLTrainer(TrainingLoop):
         metrics.update(self.timer.pop())
         elapsed = time.perf_counter() - t0
         metrics["timing_s/step"] = elapsed
-        metrics["perf/throughput"] = float(batch["attention_mask"].sum()) / elapsed
-        flops = rl_step_flops(metrics, float(batch["attention_mask"].sum()), *self.n_params, cfg.actor.ppo_epochs,
-                              cfg.critic.ppo_epochs)
+        tokens = float(batch["attention_mask"].sum())
+        metrics["perf/throughput"] = tokens / elapsed
+        flops = rl_step_flops(metrics, tokens, *self.n_params, cfg.actor.ppo_epochs, cfg.critic.ppo_epochs)
         metrics["perf/mfu"] = flops / (elapsed * matmul_peak_flops(self.device, self.matmul_dtype))
         return metrics
 
