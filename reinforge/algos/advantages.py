@@ -72,6 +72,11 @@ def _group_mean_count(x: torch.Tensor, inv: torch.Tensor, n_groups: int):
     return _group_sum(x, inv, n_groups) / count, count
 
 
+def _group_std(centered: torch.Tensor, inv: torch.Tensor, n_groups: int, count: torch.Tensor) -> torch.Tensor:
+    """Unbiased group std from (B,) deviations from the group mean -> (G,), 0 for singletons."""
+    return _safe_div(_group_sum(centered**2, inv, n_groups), count - 1).sqrt()
+
+
 # Rows per block of `_discounted_scan`: about this many (R, T) elements at a time. A block
 # allocates ~25 bytes of scratch per element. In blocks of 2^16 elements (~1.6 MiB) the
 # scratch stays in cache and the allocator hands the same memory back from block to block;
@@ -181,8 +186,7 @@ def grpo(inp: AdvantageInput):
     mean, count = _group_mean_count(s, inv, G)  # (G,), (G,)
     centered = s - mean[inv]  # exactly 0 in singleton groups
     if inp.norm_by_std:
-        var = _safe_div(_group_sum(centered**2, inv, G), count - 1)  # (G,), 0 for singletons
-        centered = _safe_div(centered, var.sqrt()[inv] + inp.eps)  # 0/0 -> 0 (eps = 0)
+        centered = _safe_div(centered, _group_std(centered, inv, G, count)[inv] + inp.eps)  # 0/0 -> 0 (eps = 0)
     adv = _broadcast(centered, inp.response_mask)
     return adv, adv
 
@@ -258,11 +262,6 @@ def opo(inp: AdvantageInput):
     baseline = _safe_div(_group_sum(length * s, inv, G), _group_sum(length, inv, G))
     adv = _broadcast(s - baseline[inv], inp.response_mask)
     return adv, adv
-
-
-def _group_std(centered: torch.Tensor, inv: torch.Tensor, n_groups: int, count: torch.Tensor) -> torch.Tensor:
-    """Unbiased group std from (B,) deviations from the group mean -> (G,), 0 for singletons."""
-    return _safe_div(_group_sum(centered**2, inv, n_groups), count - 1).sqrt()
 
 
 def grpo_passk(inp: AdvantageInput):
