@@ -241,10 +241,10 @@ class RewardManager:
         if f.mode == "async":
             return self._event_loop().run([(f.fn, args, kwargs) for args, kwargs in calls], self.timeout_s)
         out = []
+        threaded = f.mode == "thread"
         for args, kwargs in calls:
             start = time.monotonic()
             try:
-                threaded = f.mode == "thread"
                 out.append((OK, _call_in_thread(f.fn, args, kwargs, self.timeout_s) if threaded else f.fn(*args, **kwargs)))
             except _Overrun:
                 out.append((TIMEOUT, f"timed out after {self.timeout_s:g}s (abandoned in its thread)"))
