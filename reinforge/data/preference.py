@@ -60,12 +60,13 @@ def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tenso
     Row b and row B + b are the chosen and rejected sequence of pair b; loss_mask is 1 on
     response tokens (incl. eos), so sequence log-probs are sums over loss_mask[:, 1:].
     """
-    rows = [
-        {"input_ids": it["prompt_ids"] + it[key], "loss_mask": [0] * len(it["prompt_ids"]) + [1] * len(it[key])}
-        for key in ("chosen_ids", "rejected_ids")
-        for it in items
-    ]
-    return collate_sft(rows, pad_id)
+    return collate_sft(_prompt_and(items, "chosen_ids") + _prompt_and(items, "rejected_ids"), pad_id)
+
+
+def _prompt_and(items: list[dict], key: str) -> list[dict]:
+    """SFT-style rows: each item's prompt ids followed by its `key` ids, loss on the latter only."""
+    return [{"input_ids": it["prompt_ids"] + it[key], "loss_mask": [0] * len(it["prompt_ids"]) + [1] * len(it[key])}
+            for it in items]
 
 
 def _label(value, path: str, row: int) -> bool:
@@ -124,6 +125,4 @@ class UnpairedPreferenceDataset(ItemsDataset):
 def collate_unpaired(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:
     """One right-padded row per item: input_ids, attention_mask, loss_mask (B, L); loss_mask is 1
     on the completion's tokens (incl. eos)."""
-    rows = [{"input_ids": it["prompt_ids"] + it["completion_ids"],
-             "loss_mask": [0] * len(it["prompt_ids"]) + [1] * len(it["completion_ids"])} for it in items]
-    return collate_sft(rows, pad_id)
+    return collate_sft(_prompt_and(items, "completion_ids"), pad_id)
