@@ -17,9 +17,14 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
+def unwrap_peft(model):
+    """The model inside a PEFT wrapper, or `model` itself."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
 def _lm_parts(model):
     """(backbone, lm_head) of a causal LM, looking through a PEFT wrapper."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = unwrap_peft(model)
     return inner.base_model if hasattr(inner, "base_model") else inner.model, inner.get_output_embeddings()
 
 

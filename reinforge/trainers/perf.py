@@ -27,6 +27,7 @@ from contextlib import contextmanager
 
 import torch
 
+from reinforge.models.forward import unwrap_peft
 from reinforge.trainers.logging import Timer
 
 GB = 1e9
@@ -34,7 +35,7 @@ GB = 1e9
 
 def matmul_params(model) -> int:
     """Parameters that take part in matmuls: all of them, less an input embedding not tied to the head."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = unwrap_peft(model)
     n = sum(p.numel() for p in inner.parameters())
     emb, head = inner.get_input_embeddings(), inner.get_output_embeddings()
     if emb is not None and (head is None or emb.weight is not head.weight):

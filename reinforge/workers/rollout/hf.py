@@ -19,6 +19,7 @@ import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from reinforge.algos.logprobs import sampling_filter_
+from reinforge.models.forward import unwrap_peft
 from reinforge.protocol import Batch
 
 
@@ -84,7 +85,7 @@ class SampledLogProbs(LogitsProcessor):
 def blank_generation_config(model):
     """The model's generation_config replaced by a default one for the duration (looking through
     a PEFT wrapper, which copies the inner model's config at each generate call)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = unwrap_peft(model)
     saved = inner.generation_config
     inner.generation_config = GenerationConfig()
     try:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import torch
 
 from reinforge.algos.logprobs import sampling_filter_
+from reinforge.models.forward import unwrap_peft
 from reinforge.workers.rollout.hf import HFRollout
 
 SUPPORTED = ("qwen2", "qwen3", "llama")
@@ -28,7 +29,7 @@ SUPPORTED = ("qwen2", "qwen3", "llama")
 
 def lean_supported(model) -> bool:
     """Whether the decoder is one whose layers this loop can drive (full attention only)."""
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    inner = unwrap_peft(model)
     cfg = inner.config
     layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
     return (cfg.model_type in SUPPORTED and set(layer_types) == {"full_attention"}
@@ -68,7 +69,7 @@ class LeanRollout(HFRollout):
 
     def _parts(self):
         """(inner HF causal LM, its backbone) looking through a PEFT wrapper."""
-        inner = self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+        inner = unwrap_peft(self.model)
         return inner, inner.model
 
     def _forward(self, backbone, head, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
