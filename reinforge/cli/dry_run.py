@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import struct
 from pathlib import Path
 
 from reinforge.config.load import ConfigError
@@ -35,17 +34,10 @@ def writable_run_dir(run_dir: str) -> str:
 def count_parameters(folder: str) -> int | None:
     """Parameters of the model in `folder`, summed over its safetensors headers' shapes (tied
     weights are stored once, as `model.parameters()` counts them); None for .bin weights."""
-    from reinforge.models.checks import weight_files
+    from reinforge.models.checks import weight_shapes
 
-    total = 0
-    for f in weight_files(folder):
-        if f.suffix != ".safetensors":
-            return None
-        with open(f, "rb") as fh:
-            (n,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(n))
-        total += sum(math.prod(v["shape"]) for k, v in header.items() if k != "__metadata__")
-    return total
+    shapes = weight_shapes(folder)
+    return None if shapes is None else sum(math.prod(s) for s in shapes.values())
 
 
 def _model_line(cfg) -> str:

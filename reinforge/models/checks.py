@@ -87,18 +87,25 @@ def corrupt_weight_file(folder: str | os.PathLike) -> Optional[tuple[Path, str]]
     return None
 
 
-def weight_names(folder: str | os.PathLike) -> Optional[set[str]]:
-    """Names of the tensors in `folder`'s safetensors weights, read from the headers only;
+def weight_shapes(folder: str | os.PathLike) -> Optional[dict[str, list[int]]]:
+    """{tensor name: shape} of `folder`'s safetensors weights, read from the headers only;
     None when the weights are not safetensors (a pickled .bin cannot be read without loading)."""
     files = weight_files(folder)
     if any(f.suffix != ".safetensors" for f in files):
         return None
-    names: set[str] = set()
+    shapes: dict[str, list[int]] = {}
     for f in files:
         with open(f, "rb") as fh:
             (n,) = struct.unpack("<Q", fh.read(8))
-            names |= set(json.loads(fh.read(n))) - {"__metadata__"}
-    return names
+            header = json.loads(fh.read(n))
+        shapes.update((k, v["shape"]) for k, v in header.items() if k != "__metadata__")
+    return shapes
+
+
+def weight_names(folder: str | os.PathLike) -> Optional[set[str]]:
+    """Names of the tensors in `folder`'s safetensors weights (None for .bin weights)."""
+    shapes = weight_shapes(folder)
+    return None if shapes is None else set(shapes)
 
 
 def missing_modules(names: set[str], targets: list[str]) -> list[str]:
