@@ -90,10 +90,10 @@ def test_bf16_autocast_log_probs_near_fp32(tiny_model_dir):
     from reinforge.config.schema import ModelConfig
     from reinforge.models.loading import load_causal_lm
     from reinforge.workers.actor import micro_log_probs
-    from tests.test_onpolicy import _batch
+    from tests.conftest import ragged_batch
 
     model = load_causal_lm(tiny_model_dir, dtype="float32")
-    mb = _batch(model.config.vocab_size)
+    mb = ragged_batch(model.config.vocab_size, B=8, P=4, T=6)
     with torch.no_grad():
         lp32, _ = micro_log_probs(model, mb, ModelConfig(path=tiny_model_dir), 1.0, False)
         lp16, ent = micro_log_probs(model, mb, ModelConfig(path=tiny_model_dir, autocast="bf16"), 1.0, True)
@@ -125,10 +125,10 @@ def test_bf16_weights_fused_log_probs(tiny_model_dir):
     from reinforge.config.schema import ModelConfig
     from reinforge.models.loading import load_causal_lm
     from reinforge.workers.actor import micro_log_probs
-    from tests.test_onpolicy import _batch
+    from tests.conftest import ragged_batch
 
     model = load_causal_lm(tiny_model_dir, dtype="bfloat16")
-    mb = _batch(model.config.vocab_size)
+    mb = ragged_batch(model.config.vocab_size, B=8, P=4, T=6)
     with torch.no_grad():
         fused, _ = micro_log_probs(model, mb, ModelConfig(path=tiny_model_dir, fused_logprobs=True), 1.0, False)
         plain, _ = micro_log_probs(model, mb, ModelConfig(path=tiny_model_dir, fused_logprobs=False), 1.0, False)
