@@ -130,7 +130,7 @@ def _samples_table(path: Path | None, limit: int) -> str:
     reward function's score, the advantage and the group)."""
     if path is None:
         return "<p>None logged.</p>"
-    every = [line for line in path.read_text().splitlines() if line.strip()]
+    every = [line for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
     rows = [_flat(json.loads(line)) for line in every[:limit]]
     cols = list(dict.fromkeys(k for r in rows for k in r))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)

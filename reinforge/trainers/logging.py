@@ -261,9 +261,11 @@ def samples_due(every: int, step: int) -> bool:
 
 
 def write_jsonl(path: Path, rows: list[dict]) -> None:
-    """`rows` as one JSON object a line, replacing the file (a resumed run rewrites its steps)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    """`rows` as one JSON object a line, replacing the file (a resumed run rewrites its steps):
+    reinforge.data.write_rows, which creates the folder."""
+    from reinforge.data.io import write_rows
+
+    write_rows(rows, path)
 
 
 def note_skipped(count: int, what: str, limit: str, policy: str) -> int:

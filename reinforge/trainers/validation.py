@@ -10,7 +10,6 @@ a run validated at different steps still trains bit-identically.
 """
 from __future__ import annotations
 
-import json
 import statistics
 from collections import defaultdict
 from contextlib import nullcontext
@@ -20,6 +19,7 @@ from typing import Callable
 import torch
 
 from reinforge.protocol import Batch
+from reinforge.trainers.logging import write_jsonl
 from reinforge.trainers.metrics import pass_at_k
 
 
@@ -118,12 +118,9 @@ def validate(rollout, reward, items: list[dict], *, n: int, temperature: float, 
             if k <= n:
                 metrics[f"val/pass@{k}"] = sum(pass_at_k(n, c, k) for c in correct) / len(correct)
     if samples_path is not None:
-        samples_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(samples_path, "w") as f:
-            for i in range(min(max_samples_saved, len(items))):
-                f.write(json.dumps({"prompt": greedy["prompt_text"][i], "response": greedy["response_text"][i],
-                                    "ground_truth": str(greedy["ground_truth"][i]),
-                                    "score": float(g_score[i]), "acc": float(g_acc[i])}) + "\n")
+        write_jsonl(samples_path, [{"prompt": greedy["prompt_text"][i], "response": greedy["response_text"][i],
+                                    "ground_truth": str(greedy["ground_truth"][i]), "score": float(g_score[i]),
+                                    "acc": float(g_acc[i])} for i in range(min(max_samples_saved, len(items)))])
     return metrics
 
 
