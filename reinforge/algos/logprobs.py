@@ -78,6 +78,14 @@ def sampling_filter_(z: torch.Tensor, top_k: int = 0, top_p: float = 1.0,
     return removed
 
 
+def sampling_log_probs(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0) -> torch.Tensor:
+    """log softmax(filter(logits / temperature)) (n, V) in fp32: the distribution a rollout samples
+    from, over the whole vocabulary (filtered entries get a very negative log-prob)."""
+    z = logits.float() / temperature
+    sampling_filter_(z, top_k, top_p)
+    return z.log_softmax(-1)
+
+
 def _chunk_forward(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
     """z (n, V) temperature-scaled logits in the compute dtype -> lse, logp, entropy (n,) each."""
     lse = torch.logsumexp(z, dim=-1)

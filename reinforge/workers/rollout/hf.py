@@ -18,7 +18,7 @@ import contextlib
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
-from reinforge.algos.logprobs import sampling_filter_
+from reinforge.algos.logprobs import sampling_log_probs
 from reinforge.models.forward import unwrap_peft
 from reinforge.protocol import Batch
 
@@ -70,9 +70,7 @@ class SampledLogProbs(LogitsProcessor):
     def __call__(self, input_ids: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
         if self.last is not None:
             self._take(input_ids[:, -1])
-        z = scores.float() / self.temperature
-        sampling_filter_(z, self.top_k, self.top_p)
-        self.last = z.log_softmax(-1)
+        self.last = sampling_log_probs(scores, self.temperature, self.top_k, self.top_p)
         return scores
 
     def result(self, sequences: torch.Tensor) -> torch.Tensor:

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import torch
 
-from reinforge.algos.logprobs import sampling_filter_
+from reinforge.algos.logprobs import sampling_log_probs
 from reinforge.models.forward import unwrap_peft
 from reinforge.workers.rollout.hf import HFRollout
 
@@ -90,9 +90,7 @@ class LeanRollout(HFRollout):
         if greedy:
             tok = logits.argmax(-1)
             return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
-        z = logits / temperature
-        sampling_filter_(z, top_k, top_p)
-        logp = z.log_softmax(-1)
+        logp = sampling_log_probs(logits, temperature, top_k, top_p)
         tok = torch.multinomial(logp.exp(), 1)[:, 0]
         return tok, logp.gather(-1, tok[:, None])[:, 0]
 
