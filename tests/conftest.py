@@ -75,3 +75,15 @@ def ragged_batch(vocab: int, B: int, P: int, T: int, **extra):
     ids = ids * mask
     return Batch({"input_ids": ids, "attention_mask": mask, "responses": ids[:, -T:], "response_mask": mask[:, -T:],
                   **{k: draw(g) for k, draw in extra.items()}})
+
+
+@pytest.fixture
+def no_model_loads(monkeypatch):
+    """Any model load fails the test (checks that must refuse, or dry runs that read only
+    headers, before a model loads)."""
+    from transformers import PreTrainedModel
+
+    def tripwire(*args, **kwargs):
+        raise AssertionError("a model was loaded (from_pretrained) where none may be")
+
+    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(tripwire))

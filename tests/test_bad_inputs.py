@@ -227,17 +227,6 @@ def test_load_tokenizer_refuses_a_folder_without_vocabulary(inp):
         load_tokenizer(inp.m_notok)
 
 
-@pytest.fixture
-def no_model_loads(monkeypatch):
-    """Any model load fails the test: what is refused must be refused before."""
-    from transformers import PreTrainedModel
-
-    def tripwire(*args, **kwargs):
-        raise AssertionError("a model was loaded before the bad input was refused")
-
-    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(tripwire))
-
-
 @pytest.mark.parametrize("kind", ["rl", "sft", "dpo", "rm"])
 def test_trainer_constructors_run_preflight(inp, tmp_path, no_model_loads, kind):
     """Python users who build a trainer get the CLI's checks, before any model loads."""

@@ -143,19 +143,8 @@ SUPERVISED = {
 }
 
 
-@pytest.fixture
-def tripwire(monkeypatch):
-    """Any model load fails the test: a dry run reads headers, never weights."""
-    from transformers import PreTrainedModel
-
-    def boom(*args, **kwargs):
-        raise AssertionError("a dry run loaded a model")
-
-    monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(boom))
-
-
 @pytest.mark.parametrize("command", ["train", "sft", "dpo", "rm"])
-def test_dry_run_checks_and_writes_nothing(command, tiny_model_dir, arith_data, tmp_path, capsys, tripwire):
+def test_dry_run_checks_and_writes_nothing(command, tiny_model_dir, arith_data, tmp_path, capsys, no_model_loads):
     run_dir = tmp_path / "runs" / "x"
     if command == "train":
         argv = ["train", "--config", "grpo", *rl_overrides(tiny_model_dir, arith_data, str(run_dir))]
@@ -188,7 +177,7 @@ def _n_params(model_dir: str) -> int:
     return sum(p.numel() for p in AutoModelForCausalLM.from_config(AutoConfig.from_pretrained(model_dir)).parameters())
 
 
-def test_dry_run_refuses_a_bad_row_and_a_used_run_dir(tiny_model_dir, arith_data, tmp_path, capsys, tripwire):
+def test_dry_run_refuses_a_bad_row_and_a_used_run_dir(tiny_model_dir, arith_data, tmp_path, capsys, no_model_loads):
     bad = tmp_path / "sft.jsonl"
     bad.write_text('{"prompt": "1+1=", "response": "2"}\n{"prompt": "2+2=", "response": 4}\n')
     argv = ["sft", f"model.path={tiny_model_dir}", f"data.train_files=[{bad}]", f"trainer.run_dir={tmp_path / 'r'}",
