@@ -45,6 +45,12 @@ def _metrics(log_probs, old_log_probs, mask, clipped, clipped_lower) -> dict[str
         }
 
 
+def _unclipped_metrics(log_probs, old_log_probs, mask) -> dict[str, torch.Tensor]:
+    """`_metrics` of a loss that clips no token (both clip fractions 0)."""
+    none = torch.zeros_like(log_probs, dtype=torch.bool)
+    return _metrics(log_probs, old_log_probs, mask, none, none)
+
+
 def _clipped_surrogate(ratio, advantages, clip_low, clip_high):
     """PPO's max(-A r, -A clip(r)). -> (loss (B, T), clipped-bound-active (B, T) bool)."""
     loss1 = -advantages * ratio
@@ -140,8 +146,7 @@ def vanilla(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2
     """
     ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
     loss = -advantages * ratio
-    none = torch.zeros_like(ratio, dtype=torch.bool)
-    metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
+    metrics = _unclipped_metrics(log_probs, old_log_probs, response_mask)
     return _zero_outside(loss, response_mask), metrics
 
 
@@ -154,8 +159,7 @@ def reinforce(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0
     pairs it with its own advantage estimator).
     """
     loss = -advantages * log_probs
-    none = torch.zeros_like(log_probs, dtype=torch.bool)
-    metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
+    metrics = _unclipped_metrics(log_probs, old_log_probs, response_mask)
     return _zero_outside(loss, response_mask), metrics
 
 
@@ -173,8 +177,7 @@ def sapo(log_probs, old_log_probs, advantages, response_mask, *, tau_pos=1.0, ta
     ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
     tau = torch.full_like(ratio, tau_neg).masked_fill(advantages > 0, tau_pos)  # ratio's dtype and device
     gate = torch.sigmoid(tau * (ratio - 1.0)) * (4.0 / tau)
-    none = torch.zeros_like(log_probs, dtype=torch.bool)
-    metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
+    metrics = _unclipped_metrics(log_probs, old_log_probs, response_mask)
     return _zero_outside(-advantages * gate, response_mask), metrics
 
 
@@ -301,8 +304,7 @@ def dro(log_probs, old_log_probs, advantages, response_mask, *, dro_beta=0.05,
     """
     lr = _log_ratio(log_probs, old_log_probs)
     loss = -advantages * log_probs + 0.5 * dro_beta * lr.square()
-    none = torch.zeros_like(log_probs, dtype=torch.bool)
-    metrics = _metrics(log_probs, old_log_probs, response_mask, none, none)
+    metrics = _unclipped_metrics(log_probs, old_log_probs, response_mask)
     return _zero_outside(loss, response_mask), metrics
 
 
