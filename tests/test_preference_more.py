@@ -224,7 +224,9 @@ def test_kto_kl_uses_mismatched_pairs_and_accumulates_exactly(tiny_model_dir, un
         return torch.cat([p.grad.flatten() for p in trainer.model.parameters()])
 
     whole, split = grads(8), grads(2)
-    assert torch.allclose(whole, split, rtol=1e-4, atol=1e-7), (whole - split).abs().max()
+    # relative to the gradient's largest entry (summation order differs by CPU and thread count)
+    gap = (whole - split).abs().max() / whole.abs().max()
+    assert gap <= 1e-5, gap
 
 
 def test_kto_rejects_precomputed_reference(tiny_model_dir, unpaired_prefs, tmp_path, capsys):
