@@ -22,8 +22,11 @@ from reinforge.data.preprocess import rl_row
 from reinforge.tasks.arithmetic import make_arithmetic
 from reinforge.tasks.base import Example, Task
 from reinforge.tasks.countdown import make_countdown, score_countdown
+from reinforge.tasks.long_addition import make_long_addition
 
-TASKS: dict[str, Callable[..., Task]] = {"arithmetic": make_arithmetic, "countdown": make_countdown}
+TASKS: dict[str, Callable[..., Task]] = {
+    "arithmetic": make_arithmetic, "countdown": make_countdown, "long_addition": make_long_addition,
+}
 
 __all__ = [
     "TASKS", "Task", "Example", "get_task", "make_task_data", "build_char_tokenizer",
