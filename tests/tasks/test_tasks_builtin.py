@@ -8,8 +8,11 @@ from reinforge.data import load_rows
 from reinforge.rewards.builtin import exact_match as score_arithmetic  # the arithmetic task's verifier
 from reinforge.tasks import TASKS, get_task, make_task_data, score_countdown
 from reinforge.tasks.countdown import evaluate_expression
+from reinforge.tasks.long_addition import score_long_addition
 
-SCORERS = {"arithmetic": score_arithmetic, "countdown": score_countdown}
+SCORERS = {"arithmetic": score_arithmetic, "countdown": score_countdown, "long_addition": score_long_addition}
+# Longest SFT response of each task at its default options (long_addition: 3 worked columns).
+MAX_RESPONSE = {"long_addition": 39}
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -36,7 +39,7 @@ def test_task_data_reproducible_disjoint_and_verifiable(tmp_path, name):
     score = SCORERS[name]
     for r in sft:
         assert score(r["prompt"], r["response"], r["ground_truth"]) == 1.0, r
-        assert len(r["response"]) <= 16
+        assert len(r["response"]) <= MAX_RESPONSE.get(name, 16)
     for r in prefs:
         assert r["chosen"] != r["rejected"]
         assert score(r["prompt"], r["chosen"], r["ground_truth"]) == 1.0
