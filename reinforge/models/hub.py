@@ -23,7 +23,7 @@ OTHER_FORMATS = ["*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.gguf", "*.ot",
                  "*.mlpackage/*", "onnx/*", "original/*", "coreml/*"]
 PICKLED = ["*.bin", "*.pt", "*.pth"]
 MODEL_PATH_KEYS = ("model.path", "model.tokenizer_path", "critic.model_path", "reward.reward_model_path",
-                   "dpo.ref_model_path")
+                   "dpo.ref_model_path", "teacher.path")
 
 
 def split_hub_id(spec: str) -> Optional[tuple[str, Optional[str]]]:
