@@ -200,18 +200,24 @@ def load_checkpoint(path: str | os.PathLike, models: dict[str, torch.nn.Module])
     return torch.load(path / "trainer_state.pt", weights_only=False)
 
 
-def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
+def export_hf(model, tokenizer, out_dir: str | os.PathLike, write=None) -> Path:
     """A folder `from_pretrained` loads: weights, config and tokenizer (LoRA merged first),
-    written to `.tmp_<name>_<pid>` and swapped in (the previous export stays whole until then)."""
+    written to `.tmp_<name>_<pid>` and swapped in (the previous export stays whole until then).
+    `write(folder)`, when given, writes the weights and config instead of `model` (a Ray worker
+    group streams them from its ranks' shards; the driver's model has no weights)."""
     out = Path(out_dir)
     tmp = _hidden(out, "tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    if hasattr(model, "merge_and_unload"):
+    if write is not None:
+        tmp.mkdir(parents=True)
+        write(tmp)
+    elif hasattr(model, "merge_and_unload"):
         import copy
 
-        model = copy.deepcopy(model).merge_and_unload()
-    model.save_pretrained(tmp)
+        copy.deepcopy(model).merge_and_unload().save_pretrained(tmp)
+    else:
+        model.save_pretrained(tmp)
     tokenizer.save_pretrained(tmp)
     _sync_tree(tmp)
     crash_point("export:written")

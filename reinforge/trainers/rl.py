@@ -48,8 +48,8 @@ class RLTrainer(TrainingLoop):
         self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl
         self.loader, self.val_items = c.loader, c.val_items
         self.run_dir = Path(cfg.trainer.run_dir)
-        weight = next(self.actor_model.parameters())
-        self.device = str(weight.device)
+        weight = next(self.actor_model.parameters())  # on the meta device with trainer.backend=ray
+        self.device = str(weight.device) if weight.device.type != "meta" else cfg.derived["device"]
         # perf/mfu's peak is measured in the dtype the matmuls run in
         self.matmul_dtype = torch.bfloat16 if cfg.model.autocast == "bf16" else weight.dtype
         self.timer, self.step_idx, self.next_uid = StageTimer(self.device), 0, 0
@@ -172,10 +172,12 @@ class RLTrainer(TrainingLoop):
         if self.critic is not None and self.step_idx == self.cfg.algorithm.value_pretrain_steps:
             # VAPO: the pretrained critic is kept for later runs (critic.model_path=...), also
             # when this step found nothing to learn from (step/skipped).
-            export_hf(self.critic_model, self.tok, self.run_dir / "critic_pretrained")
+            export_hf(self.critic_model, self.tok, self.run_dir / "critic_pretrained",
+                      write=getattr(self.critic, "write_hf", None))
 
     def export(self) -> Path:
-        return export_hf(self.actor_model, self.tok, self.run_dir / "hf")
+        # trainer.backend=ray: the ranks write the weights (the driver's model has none)
+        return export_hf(self.actor_model, self.tok, self.run_dir / "hf", write=getattr(self.actor, "write_hf", None))
 
     def close(self) -> None:
         self.reward.close()
@@ -185,6 +187,8 @@ class RLTrainer(TrainingLoop):
 
     # ---- checkpoints --------------------------------------------------------------------------
     def _models(self) -> dict:
+        if hasattr(self.actor, "write_hf"):  # a Ray worker group: its ranks write the weights too
+            return {}
         models = {"actor": self.actor_model}
         if self.critic_model is not None:
             models["critic"] = self.critic_model
