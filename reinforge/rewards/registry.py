@@ -12,6 +12,7 @@ from typing import Callable
 
 from reinforge.config.hints import did_you_mean
 from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward
+from reinforge.rewards.code_tests import code_tests
 from reinforge.tasks import TASKS
 
 # Each built-in task's own verifier, under the task's name.
@@ -36,6 +37,7 @@ BUILTIN_REWARDS: dict[str, Callable] = {
     "math_verify": math_verify_reward,
     "exact_match": exact_match,
     "format": format_reward,
+    "code_tests": code_tests,
     **TASK_REWARDS,
 }
 

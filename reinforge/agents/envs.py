@@ -1,0 +1,75 @@
+"""Built-in environments (reinforge.agents.base.Environment) and the registry the loop reads.
+
+    ENVS["guess_number"]     # higher/lower number guessing, the `guess_number` task's game
+    load_env("python:my_envs.py:Maze")   # a user Environment subclass (or a no-argument factory)
+"""
+from __future__ import annotations
+
+import re
+from typing import Callable
+
+from reinforge.agents.base import Environment, EnvStep, format_tag_result
+from reinforge.config.hints import did_you_mean
+from reinforge.config.load import ConfigError
+
+_INT = re.compile(r"-?\d+")
+
+
+def row_ground_truth(row: dict):
+    """The ground truth of a dataset row: veRL's reward_model.ground_truth, else ground_truth."""
+    reward_model = row.get("reward_model")
+    if isinstance(reward_model, dict) and "ground_truth" in reward_model:
+        return reward_model["ground_truth"]
+    return row.get("ground_truth")
+
+
+class GuessNumber(Environment):
+    """Guess a secret integer in [low, high] in at most `max_turns` guesses.
+
+    The secret is the row's ground truth; low, high and max_turns come from the row's
+    extra_info (defaults 1, 100, 7). Each action's first integer is the guess; the observation
+    is `<r>higher</r>`, `<r>lower</r>` or `<r>correct</r>` (`<r>?</r>` when the action holds no
+    integer, which still spends a turn). The turn that guesses right has reward 1.0 and ends
+    the episode; running out of turns ends it with reward 0.
+    """
+
+    def reset(self, row: dict) -> str:
+        info = row.get("extra_info") or {}
+        self.secret = int(row_ground_truth(row))
+        self.low, self.high = int(info.get("low", 1)), int(info.get("high", 100))
+        self.max_turns = int(info.get("max_turns", 7))
+        self.turns = 0
+        return ""
+
+    def step(self, action: str) -> EnvStep:
+        self.turns += 1
+        found = _INT.search(action)
+        guess = int(found.group()) if found else None
+        if guess == self.secret:
+            return EnvStep(format_tag_result("correct"), reward=1.0, done=True, info={"turns": self.turns})
+        word = "?" if guess is None else ("higher" if guess < self.secret else "lower")
+        done = self.turns >= self.max_turns
+        return EnvStep(format_tag_result(word), reward=0.0, done=done, info={"turns": self.turns})
+
+
+ENVS: dict[str, Callable[[], Environment]] = {"guess_number": GuessNumber}
+
+
+def load_env(spec: str) -> Callable[[], Environment]:
+    """A no-argument factory of Environments from a built-in name or a `python:` spec naming an
+    Environment subclass or a factory function. ConfigError names the spec and what is valid."""
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError(f"environment spec must be a name or 'python:module:attr', got {spec!r}")
+    if spec in ENVS:
+        return ENVS[spec]
+    if not spec.startswith("python:"):
+        raise ConfigError(f"unknown environment '{spec}'; {did_you_mean(spec, ENVS)}built-ins: "
+                          f"{', '.join(sorted(ENVS))}; or 'python:module:attr' / 'python:path/file.py:attr'")
+    from reinforge.agents.tools import import_user_object
+
+    obj = import_user_object(spec, "environment")
+    if isinstance(obj, type) and not issubclass(obj, Environment):
+        raise ConfigError(f"environment '{spec}': {obj.__name__} is not a reinforge.agents.base.Environment subclass")
+    if not callable(obj):
+        raise ConfigError(f"environment '{spec}' is a {type(obj).__name__}; it must be an Environment class or factory")
+    return obj
