@@ -24,20 +24,19 @@ def row_ground_truth(row: dict):
 
 
 class GuessNumber(Environment):
-    """Guess a secret integer in [low, high] in at most `max_turns` guesses.
+    """Guess a secret integer in at most `max_turns` guesses (the prompt states the range).
 
-    The secret is the row's ground truth; low, high and max_turns come from the row's
-    extra_info (defaults 1, 100, 7). Each action's first integer is the guess; the observation
+    The secret is the row's ground truth; max_turns comes from the row's `env_kwargs` column
+    (default 5). Each action's first integer is the guess; the observation
     is `<r>higher</r>`, `<r>lower</r>` or `<r>correct</r>` (`<r>?</r>` when the action holds no
     integer, which still spends a turn). The turn that guesses right has reward 1.0 and ends
     the episode; running out of turns ends it with reward 0.
     """
 
     def reset(self, row: dict) -> str:
-        info = row.get("extra_info") or {}
+        kwargs = row.get("env_kwargs") or {}
         self.secret = int(row_ground_truth(row))
-        self.low, self.high = int(info.get("low", 1)), int(info.get("high", 100))
-        self.max_turns = int(info.get("max_turns", 7))
+        self.max_turns = int(kwargs.get("max_turns", 5))
         self.turns = 0
         return ""
 

@@ -21,11 +21,14 @@ from reinforge.data.io import DataError, write_rows
 from reinforge.data.preprocess import rl_row
 from reinforge.tasks.arithmetic import make_arithmetic
 from reinforge.tasks.base import Example, Task
+from reinforge.tasks.calculator import make_calculator
 from reinforge.tasks.countdown import make_countdown, score_countdown
+from reinforge.tasks.guess_number import make_guess_number
 from reinforge.tasks.long_addition import make_long_addition
 
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": make_arithmetic, "countdown": make_countdown, "long_addition": make_long_addition,
+    "calculator": make_calculator, "guess_number": make_guess_number,
 }
 
 __all__ = [
@@ -107,12 +110,13 @@ def make_task_data(
 
     paths = {}
     for split, examples in (("train", train), ("test", test)):
-        rows = [rl_row(task.name, ex.prompt, task.ability, ex.ground_truth, split, i) for i, ex in enumerate(examples)]
+        rows = [{**rl_row(task.name, ex.prompt, task.ability, ex.ground_truth, split, i), **task.row_columns}
+                for i, ex in enumerate(examples)]
         paths[split] = write_rows(rows, os.path.join(out_dir, f"{split}.parquet"))
     info = [{"split": "sft", "index": i} for i in range(len(sft))]
     sft_rows = [
-        {"data_source": name, "prompt": ex.prompt, "response": ex.answer, "ground_truth": ex.ground_truth,
-         "extra_info": x}
+        {"data_source": name, **(task.sft_row(ex) if task.sft_row else {"prompt": ex.prompt, "response": ex.answer}),
+         "ground_truth": ex.ground_truth, "extra_info": x}
         for ex, x in zip(sft, info)
     ]
     pref_rows = [

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable
 
 
@@ -30,6 +30,9 @@ class Task:
     `reinforge.rewards` registers it under the task's name (for the default options) and
     `auto` dispatches to it on `data_source == name`, so it must not depend on the options.
     `size` is the number of distinct prompts when it is small enough to matter, else None.
+    `row_columns` are extra top-level columns of every RL row (an agent task's `tools` or
+    `env`); `sft_row(example)`, when set, gives an SFT row's text columns in place of
+    {"prompt", "response": answer} (e.g. messages with a tool call and its result).
     """
 
     name: str
@@ -38,3 +41,5 @@ class Task:
     score: Callable[..., float]
     options: dict[str, Any]
     size: int | None = None
+    row_columns: dict[str, Any] = field(default_factory=dict)
+    sft_row: Callable[[Example], dict] | None = None
