@@ -22,11 +22,13 @@ from typing import Any, Callable
 
 @dataclass(frozen=True)
 class ToolCall:
-    """One parsed call: `arguments` is the JSON object of the call; `raw` the text it came from."""
+    """One parsed call: `arguments` is the JSON object of the call; `raw` the text it came from.
+    `error` is set (and the call not run) when the text was a malformed call (parsers.py)."""
 
     name: str
     arguments: dict
     raw: str = ""
+    error: str = ""
 
 
 @dataclass(frozen=True)

@@ -234,8 +234,9 @@ class RewardManager:
     def _batched_timeout(self, n: int) -> float:
         return self.batched_timeout_s or self.timeout_s * max(1, n)
 
-    def _run_per_sample(self, f: _Fn, prompts, responses, gts, extras) -> list[tuple[str, Any]]:
-        calls = [sample_call(f.call, p, r, g, e) for p, r, g, e in zip(prompts, responses, gts, extras)]
+    def _run_per_sample(self, f: _Fn, prompts, responses, gts, extras, trajectories=None) -> list[tuple[str, Any]]:
+        trajectories = trajectories or [None] * len(prompts)
+        calls = [sample_call(f.call, p, r, g, e, t) for p, r, g, e, t in zip(prompts, responses, gts, extras, trajectories)]
         if f.mode == "pool":
             return self._pool.run([(f.ref, args, kwargs) for args, kwargs in calls])
         if f.mode == "async":
@@ -257,10 +258,11 @@ class RewardManager:
                 out[-1] = (TIMEOUT, f"took {elapsed:.1f}s in-process (timeout_s={self.timeout_s:g})")
         return out
 
-    def _run_batched(self, f: _Fn, prompts, responses, gts, extras, completion_ids) -> list[tuple[str, Any]]:
+    def _run_batched(self, f: _Fn, prompts, responses, gts, extras, completion_ids,
+                     trajectories=None) -> list[tuple[str, Any]]:
         n = len(prompts)
         timeout = self._batched_timeout(n)
-        args, kwargs = batch_call(f.call, prompts, responses, gts, extras, completion_ids)
+        args, kwargs = batch_call(f.call, prompts, responses, gts, extras, completion_ids, trajectories)
         if f.call.is_async:
             status, values = self._event_loop().run([(f.fn, args, kwargs)], timeout)[0]
             if status != OK:
@@ -282,10 +284,13 @@ class RewardManager:
             self._loop = _EventLoop()
         return self._loop
 
-    def score(self, prompts, responses, ground_truths, extras=None,
-              completion_ids=None) -> tuple[list[float], dict[str, float]]:
+    def score(self, prompts, responses, ground_truths, extras=None, completion_ids=None,
+              trajectories=None) -> tuple[list[float], dict[str, float]]:
         """prompts, responses: texts (B,); ground_truths (B,); extras: one dict a sample (the
-        dataset's other columns); completion_ids: the responses' token ids (TRL-style functions)."""
+        dataset's other columns); completion_ids: the responses' token ids (TRL-style functions);
+        trajectories: the agent loop's episodes (B,), passed to functions that name `trajectory`
+        (`trajectories` when batched). With trajectories a function may return one number per
+        turn: its sum is the score, and `last_turn_scores` keeps the weighted per-turn values."""
         n = len(prompts)
         if not (len(responses) == len(ground_truths) == n):
             raise ValueError(f"lengths differ: {n} prompts, {len(responses)} responses, {len(ground_truths)} ground truths")
@@ -295,14 +300,21 @@ class RewardManager:
         metrics: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
         sums: dict[str, list[float]] = {}
         self.last_scores = {}
+        # Per sample, the weighted per-turn rewards of functions that returned a list (None: none did).
+        self.last_turn_scores: list[list[float] | None] = [None] * n
         for f in self.fns:
             if f.call.batched:
-                results = self._run_batched(f, prompts, responses, ground_truths, extras, completion_ids)
+                results = self._run_batched(f, prompts, responses, ground_truths, extras, completion_ids, trajectories)
             else:
-                results = self._run_per_sample(f, prompts, responses, ground_truths, extras)
+                results = self._run_per_sample(f, prompts, responses, ground_truths, extras, trajectories)
             scores, failures, first = [], 0, None
-            for status, value in results:
+            for i, (status, value) in enumerate(results):
                 s = math.nan  # None (or nan, as TRL reads None) from a TRL-style function: not applicable
+                if status == OK and trajectories is not None and isinstance(value, (list, tuple)):
+                    try:
+                        value = self._turn_list(i, value, trajectories[i], f.weight)
+                    except (TypeError, ValueError) as exc:
+                        status, value = _error(exc)
                 if status == OK and not (f.call.style == "trl" and _not_applicable(value)):
                     try:
                         s, ex = _normalize(value)
@@ -333,6 +345,17 @@ class RewardManager:
             metrics["reward/unscored"] = (n - sum(scored)) / n if n else 0.0
         metrics.update({k: sum(v) / len(v) for k, v in sums.items()})
         return totals, metrics
+
+    def _turn_list(self, i: int, value, trajectory: dict, weight: float) -> float:
+        """A per-turn reward list of sample i: checked against its turns, its weighted values
+        added to last_turn_scores[i]; -> the sum, the sample's score."""
+        turns = trajectory["turns"]
+        if len(value) != turns:
+            raise ValueError(f"per-turn reward has {len(value)} values for an episode of {turns} turns")
+        vals = [_normalize(v)[0] for v in value]
+        prev = self.last_turn_scores[i] or [0.0] * turns
+        self.last_turn_scores[i] = [p + weight * v for p, v in zip(prev, vals)]
+        return sum(vals)
 
     def close(self) -> None:
         if self._pool is not None:

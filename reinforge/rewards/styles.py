@@ -80,6 +80,8 @@ class Calling:
     batched: bool
     is_async: bool
     accepts: frozenset | None
+    named: frozenset = frozenset()
+    """The parameter names it declares (with or without **kwargs)."""
 
     @property
     def signature(self) -> str:
@@ -98,7 +100,8 @@ def calling(fn: Callable, style: str | None = None) -> Calling:
         accepts = frozenset(n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY))
     batched = {"reinforge": bool(getattr(fn, "batched", False)), "trl": True,
                "verl": params is not None and "solution_strs" in params}[style]
-    return Calling(style, batched, _is_async(fn), accepts)
+    named = frozenset(params or ())
+    return Calling(style, batched, _is_async(fn), accepts, named)
 
 
 def public_extra(extra: dict) -> dict:
@@ -114,15 +117,25 @@ def _verl_extra_info(extra: dict):
     return extra.get("extra_info") if extra.get("extra_info") is not None else {}
 
 
-def sample_call(c: Calling, prompt: str, response: str, ground_truth, extra: dict) -> tuple[tuple, dict]:
-    """(args, kwargs) of one per-sample call (reinforge or verl style)."""
+def accepts_trajectory(c: Calling, batched: bool = False) -> bool:
+    """Whether the function names `trajectory` (per sample) / `trajectories` (batched), the
+    agent loop's episodes (reinforge.agents.loop); **kwargs is not enough: a function that
+    passes its keywords on should not receive a large extra object unasked."""
+    return ("trajectories" if batched else "trajectory") in c.named
+
+
+def sample_call(c: Calling, prompt: str, response: str, ground_truth, extra: dict,
+                trajectory: dict | None = None) -> tuple[tuple, dict]:
+    """(args, kwargs) of one per-sample call (reinforge or verl style); `trajectory` (a
+    multi-turn episode) is passed as a keyword to functions that name it."""
+    traj = {"trajectory": trajectory} if trajectory is not None and accepts_trajectory(c) else {}
     if c.style == "verl":
         kwargs = {"data_source": extra.get("data_source"), "solution_str": response, "ground_truth": ground_truth,
                   "extra_info": _verl_extra_info(extra)}
         if c.accepts is not None and "extra_info" not in c.accepts:
             del kwargs["extra_info"]
-        return (), kwargs
-    return (prompt, response, ground_truth), public_extra(extra)
+        return (), {**kwargs, **traj}
+    return (prompt, response, ground_truth), {**public_extra(extra), **traj}
 
 
 def _trl_columns(prompt_texts: list[str], ground_truths: list, extras: list[dict]) -> tuple[list, dict[str, list]]:
@@ -145,19 +158,21 @@ def _trl_columns(prompt_texts: list[str], ground_truths: list, extras: list[dict
 
 
 def batch_call(c: Calling, prompts: list[str], responses: list[str], ground_truths: list, extras: list[dict],
-               completion_ids: list | None) -> tuple[tuple, dict]:
-    """(args, kwargs) of one call that scores a whole batch (reinforge batched, verl batched, trl)."""
+               completion_ids: list | None, trajectories: list | None = None) -> tuple[tuple, dict]:
+    """(args, kwargs) of one call that scores a whole batch (reinforge batched, verl batched, trl);
+    `trajectories` (multi-turn episodes) go to functions that name that keyword."""
+    traj = {"trajectories": list(trajectories)} if trajectories is not None and accepts_trajectory(c, True) else {}
     if c.style == "reinforge":
-        return (list(prompts), list(responses), list(ground_truths), [public_extra(e) for e in extras]), {}
+        return (list(prompts), list(responses), list(ground_truths), [public_extra(e) for e in extras]), traj
     if c.style == "verl":
         kwargs = {"data_sources": [e.get("data_source") for e in extras], "solution_strs": list(responses),
                   "ground_truths": list(ground_truths), "extra_infos": [_verl_extra_info(e) for e in extras]}
-        return (), _accepted(c, kwargs)
+        return (), {**_accepted(c, kwargs), **traj}
     raw_prompts, columns = _trl_columns(prompts, ground_truths, extras)
     conversational = [isinstance(p, (list, tuple)) for p in raw_prompts]
     completions = [[{"role": "assistant", "content": r}] if conv else r for r, conv in zip(responses, conversational)]
     kwargs = {"prompts": raw_prompts, "completions": completions, "completion_ids": completion_ids, **columns}
-    return (), _accepted(c, kwargs)
+    return (), {**_accepted(c, kwargs), **traj}
 
 
 def signature_error(fn: Callable, c: Calling, forced: bool) -> str | None:

@@ -102,9 +102,9 @@ class HFRollout:
         self.micro_batch_size, self.top_p, self.top_k = micro_batch_size, top_p, top_k
         self.eos_ids, self.ignore_eos = stop_token_ids(tokenizer, model), ignore_eos
 
-    def _gen_config(self, n: int, temperature: float, greedy: bool) -> GenerationConfig:
+    def _gen_config(self, n: int, temperature: float, greedy: bool, T: int) -> GenerationConfig:
         # Every sampling field explicit; with the model's config blanked, nothing else applies.
-        kw = dict(max_new_tokens=self.T, num_return_sequences=n, pad_token_id=self.tok.pad_token_id,
+        kw = dict(max_new_tokens=T, num_return_sequences=n, pad_token_id=self.tok.pad_token_id,
                   eos_token_id=None if self.ignore_eos else self.eos_ids, use_cache=True)
         if greedy:
             return GenerationConfig(do_sample=False, **kw)
@@ -112,9 +112,13 @@ class HFRollout:
 
     @torch.no_grad()
     def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, greedy: bool,
-                      sampling: tuple[float, int, float]) -> tuple[torch.Tensor, torch.Tensor]:
+                      sampling: tuple[float, int, float], T: int | None = None,
+                      stop=None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B0, P) -> responses (B0 * n, T) padded with pad_token_id, and their log-probs (B0 * n, T)
-        (0 on padding) under `sampling` = (temperature, top_k, top_p)."""
+        (0 on padding) under `sampling` = (temperature, top_k, top_p). T defaults to
+        max_response_length; `stop` (the lean loop's early exit, see continue_ids) is not used
+        here: the caller cuts each row at its stop itself."""
+        T = T or self.T
         device = next(self.model.parameters()).device
         was_training = self.model.training
         record = SampledLogProbs(*sampling)
@@ -122,18 +126,29 @@ class HFRollout:
         try:
             with blank_generation_config(self.model):
                 out = self.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
-                                          generation_config=self._gen_config(n, sampling[0], greedy),
+                                          generation_config=self._gen_config(n, sampling[0], greedy, T),
                                           logits_processor=LogitsProcessorList([record]))
         finally:
             self.model.train(was_training)
-        resp, logp = out[:, self.P:].cpu(), record.result(out).float().cpu()
-        if resp.shape[1] < self.T:
-            pad = torch.full((resp.shape[0], self.T - resp.shape[1]), self.tok.pad_token_id, dtype=resp.dtype)
+        resp, logp = out[:, prompt_ids.shape[1]:].cpu(), record.result(out).float().cpu()
+        if resp.shape[1] < T:
+            pad = torch.full((resp.shape[0], T - resp.shape[1]), self.tok.pad_token_id, dtype=resp.dtype)
             resp, logp = torch.cat([resp, pad], dim=1), torch.cat([logp, torch.zeros(pad.shape)], dim=1)
         return resp, logp
 
     def sync_weights(self, actor_model) -> None:
         """Nothing to do: generation runs on the actor's own module."""
+
+    def continue_ids(self, contexts: list[list[int]], max_new: int, *, greedy: bool,
+                     sampling: tuple[float, int, float], stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Continue b token sequences (any lengths: prompt plus the episode so far) by up to
+        `max_new` tokens each, one sample a row (the agent loop's turn, reinforge.agents.loop).
+        -> ids (b, max_new) padded with pad_token_id after EOS, log-probs (b, max_new).
+        `stop(rows, ids)`: rows (k,) still decoding, ids (b, t) generated so far -> (k,) bool, the
+        rows to end now (a parser's stop string); the lean loop calls it each step, generate()
+        does not, so the caller cuts every row at its first stop as well."""
+        ids, mask = left_pad(contexts, max(map(len, contexts)), self.tok.pad_token_id)
+        return self._generate_ids(ids, mask, 1, greedy, sampling, T=max_new, stop=stop)
 
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
         """prompts: non-tensor `prompt_ids` (token lists) and `uid` (B0,) int64 plus any per-prompt
