@@ -1,6 +1,7 @@
-"""FSDP2 inside a worker's setup: shard a Hugging Face model over the data-parallel group,
-gather its full weights for the driver, and save / load each rank's shards of the model and
-optimizer (torch.distributed.checkpoint, which reshards when the number of ranks changes).
+"""FSDP2 inside a worker's setup: shard a Hugging Face model over the data-parallel group, and
+save / load each rank's shards of the model and optimizer (torch.distributed.checkpoint, which
+reshards when the number of ranks changes). Full weights stream out one tensor at a time
+(weights.py); `full_model_state` (rank 0 gets the whole state dict) is for tests.
 
 Each decoder layer is its own FSDP unit (gathered just before it runs, freed after), the root
 holds embeddings, final norm and head.

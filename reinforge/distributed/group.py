@@ -1,8 +1,9 @@
 """A group of Ray actors, one per data-parallel rank, that the trainer uses like one worker.
 
 `RayWorkerGroup` starts the ranks (one GPU each, or one CPU each on a CPU-only cluster),
-rendezvouses them into one torch.distributed group and builds the workers inside each rank.
-The proxies in proxies.py give the trainer the usual `log_probs / update / values` interface.
+rendezvouses them into one torch.distributed group and builds the workers and the generation
+engine inside each rank. The proxies in proxies.py give the trainer the usual
+`generate / log_probs / update / values` interface.
 
 A rank that dies (killed, out of memory, node lost) fails the call with `WorkerDiedError`:
 the survivors would otherwise wait in a collective until its timeout, so the whole group is
@@ -19,7 +20,7 @@ def world_size(cfg) -> int:
 
 
 class RayWorkerGroup:
-    def __init__(self, cfg, builder, *, threads_per_rank: int = 1):
+    def __init__(self, cfg, builder, make_engine=None, *, threads_per_rank: int = 1):
         import ray
 
         from reinforge.config.load import ConfigError
@@ -40,7 +41,7 @@ class RayWorkerGroup:
         remote = ray.remote(RankProcess)
         self.ranks = [remote.options(**opts).remote(r, self.world) for r in range(self.world)]
         addr, port = self.get([self.ranks[0].address.remote()])[0]
-        self.get([w.setup.remote(cfg, builder, addr, port, threads_per_rank) for w in self.ranks])
+        self.get([w.setup.remote(cfg, builder, make_engine, addr, port, threads_per_rank) for w in self.ranks])
 
     def get(self, refs: list) -> list:
         """ray.get that fails fast: the first error (not the first ref in order) stops the group."""
@@ -97,6 +98,17 @@ class RayWorkerGroup:
         order = [i for p in parts for i in p]
         out = Batch.concat(outs)
         return Batch({k: restore_order(v, order) for k, v in out.tensors.items()}, meta=out.meta)
+
+    def generate(self, prompts, kwargs: dict, seed: int | None, version: int):
+        """Each rank generates a contiguous share of the prompts (all n samples of a prompt on one
+        rank, so groups stay whole; shares differ by one prompt at most, a rank may have none);
+        the rows come back in the prompts' order."""
+        from reinforge.protocol import Batch
+
+        bounds = [len(prompts) * r // self.world for r in range(self.world + 1)]
+        parts = [prompts.index(range(a, b)) if b > a else None for a, b in zip(bounds, bounds[1:])]
+        outs = self.get([w.generate.remote(p, kwargs, seed, version) for w, p in zip(self.ranks, parts)])
+        return Batch.concat([o for o in outs if o is not None])
 
     def run_same(self, role: str, method: str, batch, **kwargs) -> list:
         """Every rank runs the worker method on the whole `batch` (put in the object store once)."""

@@ -4,54 +4,45 @@ They keep the local workers' interface, so the trainer's step is the same for bo
 inference methods split the batch over ranks (equal counts, balanced tokens) and gather the
 results in the batch's order; updates send the whole batch to every rank (each trains on its
 slice of every mini-batch, see workers/dp.py) and return rank 0's metrics, already summed
-over ranks.
+over ranks; generation runs on the ranks (RankRollout).
 
-The driver keeps an unsharded copy of each trained model (`driver_model`): generation with
-the HF rollout runs on it, checkpoints and the HF export read it. It is refreshed from the
-ranks after every update (rollout.sync_weights) and before every checkpoint (save_sharded),
-gathering the full weights only when an update happened since the last refresh.
+The driver holds no weights: checkpoints, the HF export and the unsharded `actor.safetensors`
+are written by the ranks, streamed from their shards (weights.py).
 """
 from __future__ import annotations
 
+from pathlib import Path
+
+import torch
+
 from reinforge.protocol import Batch
-
-
-def _load(driver_model, weights: dict) -> None:
-    missing, unexpected = driver_model.load_state_dict(weights, strict=False)
-    # Tied embeddings are stored once; anything else missing is a real mismatch.
-    tied = {k for k in missing if k.endswith("lm_head.weight")}
-    if set(missing) - tied or unexpected:
-        raise RuntimeError(f"weights from the worker group do not match the driver model: "
-                           f"missing {sorted(set(missing) - tied)[:5]}, unexpected {sorted(unexpected)[:5]}")
 
 
 class _TrainedRole:
     role = ""
 
-    def __init__(self, group, driver_model):
-        self.group, self.driver_model = group, driver_model
-        self.driver_current = True  # the driver copy equals the ranks' weights (no update since)
+    def __init__(self, group):
+        self.group = group
+        self.version = 0  # bumped whenever the ranks' weights change (update, resume)
 
     def update(self, batch: Batch) -> dict[str, float]:
-        self.driver_current = False
+        self.version += 1
         return self.group.run_same(self.role, "update", batch)[0]
 
-    def pull_weights(self) -> None:
-        """Refresh the driver's unsharded copy from the ranks (a full gather: only when stale)."""
-        if not self.driver_current:
-            _load(self.driver_model, self.group.run_all(self.role, "pull_weights")[0])
-            self.driver_current = True
-
     def save_sharded(self, path) -> dict:
-        """Each rank writes its model and optimizer shards under `path`; returns the rest of the
-        worker state, with the driver model current (the checkpoint's unsharded weights)."""
-        state = self.group.run_all(self.role, "save_sharded", str(path))[0]
-        self.pull_weights()
-        return state
+        """Each rank writes its model and optimizer shards under `path`, and rank 0 the full
+        weights beside it (`<role>.safetensors`, one tensor gathered at a time); returns the
+        rest of the worker state."""
+        path = Path(path)
+        return self.group.run_all(self.role, "save_sharded", str(path), str(path.parent / f"{self.role}.safetensors"))[0]
 
     def load_sharded(self, path, state: dict) -> None:
         self.group.run_all(self.role, "load_sharded", str(path), state)
-        self.driver_current = False  # the next sync re-reads what the ranks loaded
+        self.version += 1  # the engines re-read what the ranks loaded
+
+    def write_hf(self, folder) -> None:
+        """Rank 0 writes a `from_pretrained` folder's weights (LoRA merged) and config into `folder`."""
+        self.group.run_all(self.role, "save_hf", str(folder))
 
 
 class ActorProxy(_TrainedRole):
@@ -77,19 +68,21 @@ class ReferenceProxy:
         return self.group.run_split("reference", "log_probs", batch)
 
 
-class SyncedRollout:
-    """The driver's rollout; `sync_weights` brings the actor proxy's driver copy (the model the
-    rollout generates with) up to date with the ranks first."""
+class RankRollout:
+    """The rollout of a Ray run: each rank generates its share with its own engine, whose
+    weights follow the actor's version (synced inside the ranks before generating).
 
-    def __init__(self, rollout, actor: ActorProxy):
-        self.inner, self.actor = rollout, actor
+    A sampled call draws one seed from the driver's torch RNG (so it follows the training
+    stream, checkpointed and resumed with it; validation runs under fork_rng) and each prompt
+    samples from prompt_seed(seed, uid) on whichever rank gets it."""
 
-    def generate(self, prompts: Batch, **kwargs) -> Batch:
-        return self.inner.generate(prompts, **kwargs)
+    def __init__(self, group, actor: ActorProxy):
+        self.group, self.actor = group, actor
+
+    def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
+        seed = None if greedy else int(torch.randint(0, 2**62, (1,)))
+        kwargs = {"n": n, "temperature": temperature, "greedy": greedy}
+        return self.group.generate(prompts, kwargs, seed, self.actor.version)
 
     def sync_weights(self, actor_model) -> None:
-        self.actor.pull_weights()
-        self.inner.sync_weights(actor_model)
-
-    def __getattr__(self, name):
-        return getattr(self.inner, name)
+        """Nothing here: a rank syncs its engine when the actor's version has moved on."""

@@ -1,5 +1,6 @@
 """One data-parallel rank: a process (a Ray actor) that joins the torch.distributed group and
-holds the same worker objects a local run builds, with their models sharded by FSDP2.
+holds the same worker objects a local run builds, with their models sharded by FSDP2, plus its
+generation engine (engine.py).
 
 The group (group.py) calls `run(role, method, batch)` on every rank at once; each rank runs
 the worker method on its input and the collectives inside (FSDP all-gathers, the actor's
@@ -14,7 +15,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from reinforge.distributed import fsdp
+from reinforge.distributed import fsdp, weights
 from reinforge.seeding import seed_everything
 
 
@@ -29,6 +30,7 @@ class RankProcess:
         self.rank, self.world = rank, world
         self.workers: dict = {}
         self.models: dict = {}
+        self.engine = None
 
     def address(self) -> tuple[str, int]:
         """Where rank 0 listens for the group's rendezvous."""
@@ -39,11 +41,12 @@ class RankProcess:
     def pid(self) -> int:
         return os.getpid()
 
-    def setup(self, cfg, builder, addr: str, port: int, threads: int = 1) -> None:
-        """Join the process group, then build the workers with `builder(cfg, shard=...)`.
+    def setup(self, cfg, builder, make_engine, addr: str, port: int, threads: int = 1) -> None:
+        """Join the process group, then build the workers with `builder(cfg, shard=...)` and the
+        generation engine with `make_engine(cfg, sharded_actor, rank, world)` (None: none).
 
-        cfg is a validated RLConfig; `builder` is rl_setup.build_workers (passed in, because
-        this layer sits below the trainers and must not import them)."""
+        cfg is a validated RLConfig; the builders come from rl_setup (passed in, because this
+        layer sits below the trainers and must not import them)."""
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(0)  # Ray exposes one GPU per rank as device 0
@@ -58,22 +61,39 @@ class RankProcess:
         w = builder(cfg, shard=fsdp.shard_model)
         self.workers = {"actor": w.actor, "reference": w.reference, "critic": w.critic}
         self.models = {"actor": w.actor_model, "critic": w.critic_model}
+        if make_engine is not None:
+            self.engine = make_engine(cfg, w.actor_model, self.rank, self.world)
 
     def run(self, role: str, method: str, batch, kwargs: dict):
         out = getattr(self.workers[role], method)(batch, **kwargs)
         return out.to("cpu") if hasattr(out, "to") and not isinstance(out, dict) else out
 
-    def pull_weights(self, role: str) -> dict:
-        return fsdp.full_model_state(self.models[role])
+    def generate(self, prompts, kwargs: dict, seed: int | None, version: int):
+        """This rank's share of a rollout (None when it has none); every rank is called, since
+        the engine's weight sync (when `version` moved on) is a collective."""
+        out = self.engine.generate(self.models["actor"], version, prompts, kwargs, seed)
+        return None if out is None else out.to("cpu")
 
-    def save_sharded(self, role: str, path: str):
-        """Collective: this rank's model and optimizer shards go under `path`; rank 0 returns
-        the worker's other state (scheduler, shuffling generator, guard)."""
+    def rss_bytes(self) -> int:
+        """Peak resident memory of this process (benchmarks)."""
+        import resource
+
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+    def save_sharded(self, role: str, path: str, full_path: str):
+        """Collective: this rank's model and optimizer shards go under `path`, and rank 0
+        streams the full weights into the safetensors file `full_path` (evaluation, a local
+        resume); rank 0 returns the worker's other state (scheduler, shuffling generator, guard)."""
         worker, model = self.workers[role], self.models[role]
         fsdp.save_sharded(model, worker.opt, path)
+        weights.write_safetensors(model, full_path, write=self.rank == 0)
         return worker.state_dict(optimizer=False) if self.rank == 0 else None
 
     def load_sharded(self, role: str, path: str, state: dict) -> None:
         worker, model = self.workers[role], self.models[role]
         fsdp.load_sharded(model, worker.opt, path)
         worker.load_state_dict(state)  # without "optimizer": the shards above restored it
+
+    def save_hf(self, role: str, folder: str) -> None:
+        """Collective: rank 0 writes a `from_pretrained` folder's weights (LoRA merged) and config."""
+        weights.save_hf(self.models[role], folder, write=self.rank == 0)

@@ -55,6 +55,13 @@ def _recorded(rank) -> list:
     return rank.step_grads
 
 
+def _full_state(rank, role: str) -> dict:
+    """In a rank process (every rank: a collective): the full weights, on rank 0."""
+    from reinforge.distributed import fsdp
+
+    return fsdp.full_model_state(rank.models[role])
+
+
 def _close(a: torch.Tensor, b: torch.Tensor, m: torch.Tensor) -> float:
     return float((a - b)[m.bool()].abs().max())
 
@@ -97,11 +104,12 @@ def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tm
         assert ml.keys() == mr.keys()
         for k in ml:
             assert abs(ml[k] - mr[k]) <= TOL * max(1.0, abs(ml[k])), (k, ml[k], mr[k])
-        # The ranks' weights into the driver copy: the same steps from the same weights, so
+        # The ranks' weights (gathered to rank 0): the same steps from the same weights, so
         # they differ by AdamW's elementwise rounding on shards vs whole tensors at most.
-        getattr(remote, role).pull_weights()
-        model_l, model_r = getattr(local, f"{role}_model"), getattr(remote, f"{role}_model")
-        diff = max(float((a - b).detach().abs().max()) for a, b in zip(model_l.parameters(), model_r.parameters()))
+        full = group.get([r.__ray_call__.remote(_full_state, role) for r in group.ranks])[0]
+        local_state = getattr(local, f"{role}_model").state_dict()
+        assert full.keys() <= local_state.keys() and len(full) >= len(local_state) - 1  # a tied head once
+        diff = max(float((local_state[k] - v).abs().max()) for k, v in full.items())
         print(f"{role}: max |w_2ranks - w_1rank| = {diff:.2e}")
         assert diff <= TOL
 

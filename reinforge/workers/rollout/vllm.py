@@ -61,7 +61,8 @@ def hf_state_items(model):
 class VLLMRollout:
     """Same contract as HFRollout.generate, plus `rollout_log_probs` and meta `tis_cap`."""
 
-    def __init__(self, cfg, actor_model, tokenizer):
+    def __init__(self, cfg, actor_model, tokenizer, **llm_kwargs):
+        """`llm_kwargs` go to vLLM's LLM(...) (a Ray rank adds sleep mode and the external launcher)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
 
@@ -73,26 +74,32 @@ class VLLMRollout:
         self.llm = LLM(model=cfg.model.path, tokenizer=cfg.model.tokenizer_path or cfg.model.path,
                        dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=r.gpu_memory_utilization,
                        max_model_len=self.P + self.T, seed=cfg.trainer.seed, enable_prefix_caching=True,
-                       logprobs_mode="processed_logprobs", trust_remote_code=cfg.model.trust_remote_code)
+                       logprobs_mode="processed_logprobs", trust_remote_code=cfg.model.trust_remote_code, **llm_kwargs)
         self.sync_weights(actor_model)  # the actor may be a LoRA-wrapped or resumed model
 
     def sync_weights(self, actor_model) -> None:
-        items = hf_state_items(actor_model)
+        self.load_weights(hf_state_items(actor_model))
+
+    def load_weights(self, items) -> None:
+        """(Hugging Face name, tensor) pairs, any iterable (a Ray rank streams them from its shards)."""
         self.llm.apply_model(lambda model: model.load_weights(iter(items)))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
 
-    def _params(self, n: int, temperature: float, greedy: bool):
+    def _params(self, n: int, temperature: float, greedy: bool, seed: int | None = None):
         from vllm import SamplingParams
 
         return SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else self.r.top_p,
                               top_k=-1 if greedy or not self.r.top_k else self.r.top_k, max_tokens=self.T,
                               stop_token_ids=[] if self.r.ignore_eos else self.eos_ids, ignore_eos=self.r.ignore_eos,
-                              logprobs=0, detokenize=False)
+                              logprobs=0, detokenize=False, seed=seed)
 
-    def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
-
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts["prompt_ids"]],
-                                 self._params(n, temperature, greedy), use_tqdm=False)
+    def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False,
+                 seeds: list[int] | None = None) -> Batch:
+        """`seeds`: one per prompt (its samples then do not depend on the rest of the batch)."""
+        params = self._params(n, temperature, greedy) if seeds is None else \
+            [self._params(n, temperature, greedy, s) for s in seeds]
+        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts["prompt_ids"]], params,
+                                 use_tqdm=False)
         B = len(outs) * n
         resp = torch.full((B, self.T), self.tok.pad_token_id, dtype=torch.long)
         rlp, lengths = torch.zeros(B, self.T), torch.zeros(B, dtype=torch.long)

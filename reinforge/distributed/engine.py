@@ -1,0 +1,104 @@
+"""Generation inside a Ray rank (trainer.backend=ray): each rank generates its share of the
+prompts with its own engine, next to its FSDP2 shards of the actor. See docs/distributed.md.
+
+- lean / hf (CPU, or GPU without vLLM): an unsharded, frozen copy of the actor in the rank
+  (`dense`), refilled from the shards one tensor at a time after each update (weights.copy_full).
+  The copy costs one model of memory per rank; generating on the sharded module instead would
+  all-gather every layer at every decoding step, and EOS stops rows at different steps on
+  different ranks, so the ranks' collectives would not line up.
+- vllm (GPU): `RankVLLM`, an in-process engine per rank (vLLM's external launcher: the rank's
+  process group is the engine's), asleep while the rank trains (weights offloaded to CPU, KV
+  cache freed: sleep level 1), woken for generation; its weights are streamed in from the
+  shards (weights.hf_tensors, LoRA merged).
+
+Sampling is seeded per prompt: with a call seed s from the driver, prompt uid u draws from a
+generator seeded with prompt_seed(s, u), so its samples do not depend on which rank draws them
+or on what else is in the batch (lean/hf generate prompt by prompt for it; vLLM takes a seed per
+request). Greedy decoding needs no seed.
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from reinforge.distributed import weights
+from reinforge.protocol import Batch
+from reinforge.workers.rollout.vllm import VLLMRollout
+
+MASK63 = (1 << 63) - 1
+
+
+def prompt_seed(seed: int, uid: int) -> int:
+    """A 63-bit seed for prompt `uid` under call seed `seed` (splitmix64's finaliser: nearby
+    uids get unrelated streams)."""
+    z = (seed + (uid + 1) * 0x9E3779B97F4A7C15) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & ((1 << 64) - 1)
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & ((1 << 64) - 1)
+    return (z ^ (z >> 31)) & MASK63
+
+
+class RankEngine:
+    """One rank's rollout (`rollout`) and the weights version it holds. `dense`: the unsharded
+    copy the lean/hf rollout generates with, or None for vLLM (its own weights)."""
+
+    def __init__(self, rollout, dense=None):
+        self.rollout, self.dense, self.version = rollout, dense, None
+
+    def sync(self, sharded, version: int) -> None:
+        """Collective (every rank, same version): bring the engine's weights to `sharded`'s."""
+        if version == self.version:
+            return
+        if self.dense is not None:
+            weights.copy_full(sharded, self.dense)
+        else:
+            self.rollout.load_weights(weights.hf_tensors(sharded))
+        self.version = version
+
+    def generate(self, sharded, version: int, prompts: Batch | None, kwargs: dict, seed: int | None) -> Batch | None:
+        """Collective for the weight sync only: every rank is called, `prompts` None on a rank
+        with no share. kwargs: n, temperature, greedy (HFRollout.generate's)."""
+        wake = getattr(self.rollout, "wake_up", None)
+        if wake is not None:
+            wake()
+        try:
+            self.sync(sharded, version)
+            if prompts is None:
+                return None
+            if seed is None or kwargs.get("greedy"):
+                return self.rollout.generate(prompts, **kwargs)
+            seeds = [prompt_seed(seed, int(u)) for u in prompts["uid"]]
+            if self.dense is None:
+                return self.rollout.generate(prompts, seeds=seeds, **kwargs)
+            parts = []
+            with torch.random.fork_rng():
+                for i, s in enumerate(seeds):
+                    torch.manual_seed(s)
+                    parts.append(self.rollout.generate(prompts.index([i]), **kwargs))
+            return Batch.concat(parts)
+        finally:
+            if wake is not None:
+                self.rollout.sleep()
+
+
+class RankVLLM(VLLMRollout):
+    """VLLMRollout inside a Ray rank: the engine joins the rank's process group (external
+    launcher, one engine per rank), starts asleep, and takes its weights from the FSDP2 shards.
+    UNTESTED on GPU here (no GPU); scripts/gpu_check.sh exercises it."""
+
+    def __init__(self, cfg, sharded_actor, tokenizer, *, rank: int, world: int):
+        os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world))
+        super().__init__(cfg, sharded_actor, tokenizer, enable_sleep_mode=True,
+                         distributed_executor_backend="external_launcher")
+        self.sleep()
+
+    def sync_weights(self, actor_model) -> None:
+        """Collective: the shards' full weights, one tensor at a time (called by __init__)."""
+        self.load_weights(weights.hf_tensors(actor_model))
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
+
+    def sleep(self) -> None:
+        self.llm.sleep(level=1)  # weights to CPU, KV cache freed: the GPU is the trainer's
+        torch.cuda.empty_cache()

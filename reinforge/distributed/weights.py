@@ -1,0 +1,137 @@
+"""Full weights out of FSDP2 shards, one tensor at a time: into a rank's generation engine, and
+into safetensors files written by rank 0 (checkpoints and the HF export), so no process ever
+holds the whole model for it.
+
+Every function here is a collective: every rank calls it with the same model and iterates the
+tensors in the same order, each `full_tensor()` being one all-gather. Peak extra memory is one
+full tensor per rank (three for a LoRA-merged weight: base, A, B).
+
+Tied weights (an LM head sharing the input embedding) appear once, under their first name in
+the state dict (`model.embed_tokens.weight`), as `save_pretrained` writes them.
+"""
+from __future__ import annotations
+
+import json
+from typing import Iterator
+
+import torch
+from torch import nn
+
+ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
+             torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
+             torch.bool: "BOOL"}
+PEFT_PREFIX = "base_model.model."
+
+
+def _full(t: torch.Tensor) -> torch.Tensor:
+    return t.full_tensor() if hasattr(t, "full_tensor") else t
+
+
+def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
+    """The state dict (DTensors on a sharded model) without the second name of a tied weight."""
+    own = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
+    return {k: v for k, v in model.state_dict().items() if k in own}
+
+
+def full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(state-dict name, full tensor) for every entry of unique_state, gathered one at a time."""
+    for name, t in unique_state(model).items():
+        yield name, _full(t).detach()
+
+
+def copy_full(sharded: nn.Module, dense: nn.Module) -> None:
+    """Fill the unsharded copy `dense` (same architecture and names) from `sharded`'s shards."""
+    target = dense.state_dict()
+    with torch.no_grad():
+        for name, t in full_tensors(sharded):
+            target[name].copy_(t)
+
+
+def hf_plan(model: nn.Module) -> list[tuple[str, list[str], float]]:
+    """[(Hugging Face name, state-dict keys, LoRA scale)] in state-dict order: a plain model's
+    entries as they are; a PEFT model's base weights under their plain names, an adapted weight
+    merged from [base, lora_A, lora_B] as W + scale * B @ A, the adapter entries themselves
+    dropped (the export `merge_and_unload` would write)."""
+    plan = []
+    for key in unique_state(model):
+        if ".lora_" in key:
+            continue
+        name = key.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
+        if key.endswith(".base_layer.weight"):
+            prefix = key[: -len(".base_layer.weight")]
+            layer = model.get_submodule(prefix)
+            (adapter,) = layer.active_adapters
+            plan.append((name, [key, f"{prefix}.lora_A.{adapter}.weight", f"{prefix}.lora_B.{adapter}.weight"],
+                         float(layer.scaling[adapter])))
+        else:
+            plan.append((name, [key], 0.0))
+    return plan
+
+
+def hf_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+    """(Hugging Face name, full tensor) per hf_plan entry, LoRA merged; what vLLM's
+    `load_weights` and a `from_pretrained` folder take."""
+    state = unique_state(model)
+    for name, keys, scale in hf_plan(model):
+        w = _full(state[keys[0]]).detach()
+        if len(keys) == 3:
+            a, b = (_full(state[k]).detach().float() for k in keys[1:])
+            w = (w.float() + scale * (b @ a)).to(w.dtype)
+        yield name, w
+
+
+def _specs(model: nn.Module, hf: bool) -> list[tuple[str, torch.dtype, tuple]]:
+    state = unique_state(model)
+    if hf:
+        return [(name, state[keys[0]].dtype, tuple(state[keys[0]].shape)) for name, keys, _ in hf_plan(model)]
+    return [(k, v.dtype, tuple(v.shape)) for k, v in state.items()]
+
+
+def safetensors_header(specs: list[tuple[str, torch.dtype, tuple]], metadata: dict | None = None) -> bytes:
+    """The 8-byte length and JSON header of a safetensors file holding `specs` in that order,
+    padded with spaces to a multiple of 8 bytes (the format's alignment)."""
+    header, offset = {}, 0
+    if metadata:
+        header["__metadata__"] = metadata
+    for name, dtype, shape in specs:
+        size = torch.Size(shape).numel() * torch.empty((), dtype=dtype).element_size()
+        header[name] = {"dtype": ST_DTYPES[dtype], "shape": list(shape), "data_offsets": [offset, offset + size]}
+        offset += size
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)
+    return len(raw).to_bytes(8, "little") + raw
+
+
+def write_safetensors(model: nn.Module, path, *, write: bool, hf: bool = False,
+                      metadata: dict | None = None) -> None:
+    """Collective: stream `model`'s full weights into one safetensors file at `path`, written by
+    the rank with `write` (the others only take part in the gathers). The header is computed
+    from the shards' global shapes first, then each tensor's bytes follow as it is gathered.
+    `hf`: Hugging Face names, LoRA merged (hf_tensors); else the state-dict names (what
+    `safetensors.torch.load_model` reads back into the same model)."""
+    specs = _specs(model, hf)
+    tensors = hf_tensors(model) if hf else full_tensors(model)
+    f = open(path, "wb") if write else None
+    try:
+        if f is not None:
+            f.write(safetensors_header(specs, metadata))
+        for (name, dtype, shape), (got, t) in zip(specs, tensors, strict=True):
+            if f is not None:
+                assert got == name and t.dtype == dtype and tuple(t.shape) == shape, (name, got)
+                f.write(t.cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    finally:
+        if f is not None:
+            f.close()
+
+
+def save_hf(model: nn.Module, folder, *, write: bool) -> None:
+    """Collective: a `from_pretrained` folder's weights (model.safetensors, LoRA merged) and
+    config, written by the rank with `write`; the tokenizer is the caller's."""
+    from reinforge.models.forward import unwrap_peft
+
+    write_safetensors(model, f"{folder}/model.safetensors", write=write, hf=True, metadata={"format": "pt"})
+    if write:
+        inner = unwrap_peft(model)
+        inner.config.save_pretrained(folder)
+        if getattr(inner, "generation_config", None) is not None:
+            inner.generation_config.save_pretrained(folder)
