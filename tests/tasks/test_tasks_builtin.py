@@ -8,9 +8,12 @@ from reinforge.data import load_rows
 from reinforge.rewards.builtin import exact_match as score_arithmetic  # the arithmetic task's verifier
 from reinforge.tasks import TASKS, get_task, make_task_data, score_countdown
 from reinforge.tasks.countdown import evaluate_expression
+from reinforge.tasks.calculator import score_calculator
+from reinforge.tasks.guess_number import score_guess_number
 from reinforge.tasks.long_addition import score_long_addition
 
-SCORERS = {"arithmetic": score_arithmetic, "countdown": score_countdown, "long_addition": score_long_addition}
+SCORERS = {"arithmetic": score_arithmetic, "countdown": score_countdown, "long_addition": score_long_addition,
+           "calculator": score_calculator, "guess_number": score_guess_number}
 # Longest SFT response of each task at its default options (long_addition: 3 worked columns).
 MAX_RESPONSE = {"long_addition": 39}
 
@@ -30,14 +33,15 @@ def test_task_data_reproducible_disjoint_and_verifiable(tmp_path, name):
     assert (len(train), len(test), len(sft), len(prefs)) == (60, 20, 30, 30)
     test_prompts = {r["prompt"] for r in test}
     assert not test_prompts & {r["prompt"] for r in train}
-    assert not test_prompts & {r["prompt"] for r in sft}
+    # agent tasks' SFT rows are conversations (tests/agents/test_calculator_task.py checks them)
+    assert not test_prompts & {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][0]["content"] for r in sft}
     assert len({r["prompt"] for r in train}) == 60
 
     row = train[0]
     assert row["data_source"] == name and isinstance(row["prompt"], str)
     assert row["reward_model"]["style"] == "rule" and row["extra_info"]["split"] == "train"
     score = SCORERS[name]
-    for r in sft:
+    for r in (r for r in sft if "response" in r):
         assert score(r["prompt"], r["response"], r["ground_truth"]) == 1.0, r
         assert len(r["response"]) <= MAX_RESPONSE.get(name, 16)
     for r in prefs:
