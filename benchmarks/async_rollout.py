@@ -1,0 +1,125 @@
+"""Synchronous vs asynchronous rollout (`rollout.staleness=1`) on the demo task's shape, side by side.
+
+    python benchmarks/async_rollout.py                  # step-time table (a few minutes)
+    python benchmarks/async_rollout.py --learn --seeds 0 1   # held-out greedy after the demo's RL
+
+Timing: the demo's GRPO stage (presets/demo_grpo.yaml: 32 prompts x 8 samples, 5-token
+responses, the demo's ~3M-parameter Qwen2) from a random model, `rollout.ignore_eos=true` so
+every step does the same work. Each setting runs `--steps` steps (the first `--warmup` not
+counted), the settings take turns `--rounds` times in this one process so that load from other
+jobs hits them alike, and the table shows medians per step: wall time, generation (the
+producer's generate() seconds when asynchronous; `wait` is what the trainer waited for it),
+the old-log-prob pass and the actor update. Overlap works when async's step < gen + update.
+
+Learning (`--learn`): `reinforge demo`'s data, model and SFT base for each seed (cached under
+--root), then its GRPO stage (120 steps) synchronous and with staleness 1, at equal samples;
+prints held-out greedy / sampled accuracy at the end of each.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from pathlib import Path
+
+SETTINGS = {  # name -> (torch intra-op threads, overrides)
+    "sync, 1 thread": (1, ["rollout.staleness=0"]),
+    "sync, 2 threads": (2, ["rollout.staleness=0"]),
+    "staleness 1, 1+1 threads": (1, ["rollout.staleness=1"]),
+}
+QUIET = ["trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.report=false"]
+
+
+def demo_inputs(root: Path, seed: int, quick: bool = False) -> tuple[dict, Path]:
+    """The demo's task data, tiny model and SFT base for `seed`, built once under `root`."""
+    from reinforge.cli.demo import make_inputs, run_sft
+
+    base_dir = root / f"demo_s{seed}"
+    paths, _ = make_inputs(base_dir, quick, seed)
+    if not (base_dir / "sft" / "hf" / "config.json").exists():
+        run_sft(base_dir, paths, seed, QUIET)
+    return paths, base_dir / "sft" / "hf"
+
+
+def timed_steps(model: Path, paths: dict, run_dir: Path, threads: int, overrides: list[str], steps: int) -> list[dict]:
+    """One RL run of `steps` steps on the demo's settings -> its per-step metrics rows."""
+    import torch
+
+    from reinforge.config.load import load_config
+    from reinforge.config.schema import RLConfig
+    from reinforge.trainers.rl import RLTrainer
+
+    torch.set_num_threads(threads)
+    cfg = load_config(RLConfig, "demo_grpo", [
+        f"model.path={model}", f"data.train_files=[{paths['train']}]", f"trainer.run_dir={run_dir}",
+        f"trainer.total_steps={steps}", "trainer.val_before_train=false", "trainer.val_every=0",
+        "trainer.export_hf=false", "rollout.ignore_eos=true", *QUIET, *overrides])
+    RLTrainer(cfg).fit(overwrite=True)
+    return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines() if '"step": 0' not in x]
+
+
+def timing_table(rows: dict[str, list[dict]]) -> str:
+    cols = [("step", "timing_s/step"), ("gen", None), ("wait", "timing_s/gen"),
+            ("old_logp", "timing_s/old_log_prob"), ("update", "timing_s/update_actor")]
+    out = [f"{'setting':<28}" + "".join(f"{c:>10}" for c, _ in cols) + f"{'gen+update':>12}{'steps':>7}"]
+    for name, rs in rows.items():
+        async_ = "timing_s/gen_producer" in rs[0]
+        med = {}
+        for c, key in cols:
+            key = key or ("timing_s/gen_producer" if async_ else "timing_s/gen")
+            vals = [r.get(key, 0.0) for r in rs]
+            med[c] = statistics.median(vals)
+        if not async_:
+            med["wait"] = float("nan")
+        out.append(f"{name:<28}" + "".join(f"{med[c]:>10.3f}" for c, _ in cols)
+                   + f"{med['gen'] + med['update']:>12.3f}{len(rs):>7}")
+    return "\n".join(out)
+
+
+def bench(args) -> None:
+    from reinforge.cli.demo import make_inputs
+
+    root = Path(args.root) / "timing"
+    paths, _ = make_inputs(root, False, 0)  # random init: the demo's model before SFT
+    rows: dict[str, list[dict]] = {name: [] for name in SETTINGS}
+    for _ in range(args.rounds):
+        for name, (threads, overrides) in SETTINGS.items():
+            got = timed_steps(root / "model", paths, root / "run", threads, overrides, args.steps)
+            rows[name] += got[args.warmup:]
+    print(timing_table(rows))
+
+
+def learn(args) -> None:
+    import torch
+
+    from reinforge.cli.demo import run_rl
+
+    torch.set_num_threads(1)  # as the demo
+    extra = [*QUIET, "trainer.val_every=40", "trainer.val_sampled=end"]
+    print(f"{'seed':<6}{'setting':<14}{'greedy base':>12}{'greedy RL':>11}{'sampled RL':>12}{'RL s':>8}")
+    for seed in args.seeds:
+        paths, base = demo_inputs(Path(args.root), seed)
+        for name, k in (("sync", 0), ("staleness 1", 1)):
+            t0 = time.perf_counter()
+            before, final = run_rl(Path(args.root) / f"learn_s{seed}_k{k}", base, paths, seed,
+                                   [*extra, f"rollout.staleness={k}"])
+            secs = time.perf_counter() - t0
+            print(f"{seed:<6}{name:<14}{before['val/acc_greedy']:>12.3f}{final['val/acc_greedy']:>11.3f}"
+                  f"{final['val/acc_sampled']:>12.3f}{secs:>8.0f}", flush=True)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--root", default="/tmp/reinforge_async_bench", help="data, models and runs (cached)")
+    ap.add_argument("--steps", type=int, default=8, help="steps per run (timing)")
+    ap.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
+    ap.add_argument("--rounds", type=int, default=2, help="times each setting runs, taking turns")
+    ap.add_argument("--learn", action="store_true", help="the learning check instead of timing")
+    ap.add_argument("--seeds", type=int, nargs="*", default=[0])
+    args = ap.parse_args()
+    learn(args) if args.learn else bench(args)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,211 @@
+"""Asynchronous off-policy rollout (rollout.staleness, trainers/async_rollout.py): the producer's
+queue on a fake rollout (staleness bound, streamed groups, resume point, stop and errors), then
+tiny end-to-end runs (staleness 0 is the synchronous path; versions and IS weights; resume;
+no thread left behind)."""
+from __future__ import annotations
+
+import json
+import random
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from reinforge.config.load import ConfigError, load_config
+from reinforge.config.schema import RLConfig
+from reinforge.config.validate import validate
+from reinforge.data.loader import PromptLoader
+from reinforge.protocol import Batch
+from reinforge.trainers import async_rollout
+from reinforge.trainers.async_rollout import AsyncProducer, Start
+from reinforge.trainers.rl import RLTrainer
+from tests.conftest import rl_overrides
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+THREAD = "reinforge-async-rollout"
+
+
+class FakeRollout:
+    """generate() -> n rows a prompt carrying its group id; `fail_after` calls, then raises."""
+
+    def __init__(self, fail_after: int | None = None, delay: float = 0.0):
+        self.model = torch.nn.Linear(1, 1)
+        self.calls, self.fail_after, self.delay = 0, fail_after, delay
+
+    def generate(self, prompts: Batch, *, n: int, temperature: float) -> Batch:
+        self.calls += 1
+        if self.fail_after is not None and self.calls > self.fail_after:
+            raise ValueError("generation failed")
+        time.sleep(self.delay)
+        return Batch({"group_ids": prompts["uid"].repeat_interleave(n)},
+                     {"prompt_text": [t for t in prompts["prompt_text"] for _ in range(n)]})
+
+
+def _items(count: int) -> list[dict]:
+    return [{"prompt_ids": [1], "prompt_text": f"p{i}", "ground_truth": str(i)} for i in range(count)]
+
+
+def _producer(rollout, loader, *, start=None, staleness=1, B=4, chunk=3, n=2) -> AsyncProducer:
+    start = start or Start(loader.state_dict(), 0, 0)
+    return AsyncProducer(rollout, loader, start, version=0, n=n, temperature=1.0, tis_cap=2.0, staleness=staleness,
+                         batch_prompts=B, chunk_prompts=chunk, seed=0)
+
+
+def _take_groups(p: AsyncProducer, groups: int, pieces: list[int]) -> Batch:
+    """`groups` groups in takes of the sizes in `pieces` (cycled), as dynamic sampling would."""
+    parts, got, i = [], 0, 0
+    while got < groups:
+        rows, _ = p.take(min(pieces[i % len(pieces)], groups - got))
+        parts.append(rows)
+        got, i = got + len(rows) // p.n, i + 1
+    return Batch.concat(parts)
+
+
+@pytest.mark.parametrize("staleness", [1, 2])
+def test_versions_lag_by_at_most_k_and_groups_stay_whole(staleness):
+    loader = PromptLoader(_items(10), batch_size=4, seed=0)
+    p = _producer(FakeRollout(), loader, staleness=staleness)
+    model, rng, seen = torch.nn.Linear(1, 1), random.Random(0), []
+    try:
+        for step in range(1, 9):
+            batch = _take_groups(p, 4, [rng.randint(1, 4)])
+            lag = (step - 1) - batch["policy_version"]
+            assert 0 <= int(lag.min()) and int(lag.max()) <= staleness, (step, batch["policy_version"])
+            gids = batch["group_ids"].view(-1, 2)
+            assert torch.equal(gids[:, 0], gids[:, 1])  # n rows per group, never split
+            seen += gids[:, 0].tolist()
+            time.sleep(0.01)  # the "update": the producer fills the queue meanwhile
+            p.publish(model, step)
+        assert seen == list(range(32)), "every prompt once, in order"
+        assert p.pending <= staleness * 4
+    finally:
+        p.stop()
+    assert not p.thread.is_alive()
+
+
+def test_resume_point_continues_with_the_first_untaken_prompt():
+    items = _items(10)
+    loader = PromptLoader(items, batch_size=4, seed=0)
+    p = _producer(FakeRollout(), loader, staleness=2)
+    try:
+        _take_groups(p, 6, [3, 1, 2])  # ends inside a chunk of the second round
+        start = p.resume_point()
+        expected = _take_groups(p, 5, [5])["prompt_text"]
+    finally:
+        p.stop()
+    assert (start.offset, start.uid) == (2, 6)
+    fresh = PromptLoader(items, batch_size=4, seed=0)
+    fresh.load_state_dict(start.loader_state)
+    q = _producer(FakeRollout(), fresh, start=start, staleness=2)
+    try:
+        again = _take_groups(q, 5, [5])
+    finally:
+        q.stop()
+    assert again["prompt_text"] == expected and again["group_ids"][0] == 6
+
+
+def test_producer_error_reaches_the_trainer_and_stop_is_clean():
+    loader = PromptLoader(_items(8), batch_size=4, seed=0)
+    p = _producer(FakeRollout(fail_after=1), loader)
+    try:
+        p.take(3)
+        with pytest.raises(RuntimeError, match="producer failed") as info:
+            p.take(4)
+            p.take(4)
+        assert isinstance(info.value.__cause__, ValueError)
+    finally:
+        p.stop()
+    slow = _producer(FakeRollout(delay=0.2), PromptLoader(_items(8), batch_size=4, seed=0))
+    slow.stop()  # while a chunk is generating: returns once it is done
+    assert not slow.thread.is_alive()
+
+
+# ---- end to end on the tiny model -------------------------------------------------------------
+
+def _cfg(tiny_model_dir, arith_data, run_dir, **extra) -> RLConfig:
+    return load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(run_dir), **{
+        "actor.use_kl_loss": False, "trainer.val_before_train": False, "trainer.export_hf": False, **extra}))
+
+
+def _rows(run_dir: Path) -> list[dict]:
+    rows = [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [r for r in rows if r["step"] > 0]
+
+
+def _no_producer_thread() -> bool:
+    return not any(t.name == THREAD for t in threading.enumerate())
+
+
+def test_staleness_0_runs_the_synchronous_path(tiny_model_dir, arith_data, tmp_path, monkeypatch):
+    def refuse(trainer):
+        raise AssertionError("staleness 0 started a producer")
+
+    monkeypatch.setattr(async_rollout, "start_producer", refuse)
+    trainer = RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / "s0", **{"rollout.staleness": 0}))
+    trainer.fit()
+    assert trainer.producer is None
+    rows = _rows(tmp_path / "s0")
+    assert len(rows) == 2 and not any(k.startswith("rollout/") for r in rows for k in r)
+    assert "timing_s/old_log_prob" not in rows[-1]  # on-policy: no old-log-prob pass, no IS
+
+
+def test_staleness_1_versions_and_is_weights(tiny_model_dir, arith_data, tmp_path):
+    run = tmp_path / "s1"
+    RLTrainer(_cfg(tiny_model_dir, arith_data, run, **{"rollout.staleness": 1, "trainer.total_steps": 4,
+                                                       "rollout.stream_prompts": 3})).fit()
+    rows = _rows(run)
+    assert [r["rollout/staleness_max"] for r in rows] == [0, 1, 1, 1]
+    # step 1 was generated by the weights it trains: the behaviour log-probs are the policy's
+    assert rows[0]["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert rows[0]["rollout_corr/logprob_gap_max"] < 1e-4
+    # later steps were generated one update earlier (lr 1e-3): the weights differ from 1
+    assert all(r["rollout_corr/logprob_gap_max"] > 1e-3 for r in rows[1:])
+    assert all(0 <= r["rollout/is_weight_clipped_frac"] <= 1 for r in rows)
+    # lr 0: the behaviour copy always equals the policy, so every weight is 1 however stale
+    still = tmp_path / "lr0"
+    RLTrainer(_cfg(tiny_model_dir, arith_data, still, **{"rollout.staleness": 1, "trainer.total_steps": 3,
+                                                         "actor.lr": 0.0})).fit()
+    rows = _rows(still)
+    assert rows[-1]["rollout/staleness_max"] == 1
+    assert all(r["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4) for r in rows)
+    assert _no_producer_thread()
+
+
+def test_resume_with_staleness_continues_the_prompts(tiny_model_dir, arith_data, tmp_path):
+    def groups(run: Path, step: int) -> set[int]:
+        lines = (run / "samples" / f"train_step_{step}.jsonl").read_text().splitlines()
+        return {json.loads(x)["group"] for x in lines}
+
+    extra = {"rollout.staleness": 1, "trainer.total_steps": 3, "trainer.save_every": 1, "trainer.log_samples_every": 1}
+    full = tmp_path / "full"
+    RLTrainer(_cfg(tiny_model_dir, arith_data, full, **extra)).fit()
+    part = tmp_path / "part"
+    RLTrainer(_cfg(tiny_model_dir, arith_data, part, **{**extra, "trainer.total_steps": 1})).fit()
+    resumed = RLTrainer(_cfg(tiny_model_dir, arith_data, part, **extra))
+    resumed.fit(resume=True)
+    assert [groups(part, s) for s in (2, 3)] == [groups(full, s) for s in (2, 3)]
+    rows = _rows(part)
+    assert [r["step"] for r in rows] == [1, 2, 3] and rows[1]["rollout/staleness_max"] == 0  # restarted fresh
+    assert _no_producer_thread()
+
+
+def test_an_exception_in_the_trainer_stops_the_producer(tiny_model_dir, arith_data, tmp_path):
+    trainer = RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / "boom", **{"rollout.staleness": 1}))
+
+    def boom(batch):
+        raise KeyError("update failed")
+
+    trainer.actor.update = boom
+    with pytest.raises(KeyError, match="update failed"):
+        trainer.fit()
+    assert _no_producer_thread()
+
+
+@pytest.mark.parametrize("override, match", [("rollout.backend=hf", "needs rollout.backend=lean"),
+                                             ("trainer.backend=ray", "trainer.backend=local only")])
+def test_staleness_refuses_what_it_cannot_drive(tiny_model_dir, arith_data, tmp_path, override, match):
+    key, value = override.split("=")
+    with pytest.raises(ConfigError, match=match):
+        validate(_cfg(tiny_model_dir, arith_data, tmp_path / "bad", **{"rollout.staleness": 1, key: value}))
