@@ -98,6 +98,23 @@ class RolloutConfig:
     """vLLM only: fraction of GPU memory for the engine."""
     tis_cap: float = 2.0
     """vLLM only: cap of the truncated importance-sampling weight trainer/rollout."""
+    max_turns: int = 1
+    """Turns per episode: 1 is the single-turn rollout; > 1 runs the agent loop
+    (reinforge.agents.loop): the policy calls `tools` (or talks to `env`) and reads the answers
+    as observation tokens (response_mask 0), until a final answer, max_turns or
+    max_response_length tokens after the prompt, generated and observed together (docs/agents.md)."""
+    tools: list = field(default_factory=list)
+    """Tools the policy may call (max_turns > 1): built-in names (calculator, python) or
+    python:module:attr / python:file.py:attr; a dataset row's `tools` column (a list of names)
+    replaces this list for that row."""
+    tool_parser: str = "tag"
+    """How calls are written and results shown: tag (<calculator>2*3</calculator> -> <r>6</r>,
+    for the character tokenizer) or hermes (<tool_call>{json}</tool_call>, results rendered by
+    the tokenizer's chat template as tool messages: Qwen2.5, Hermes)."""
+    env: str = ""
+    """A multi-turn environment instead of tools (max_turns > 1): a built-in name (guess_number)
+    or python:module:Class; each turn's text goes to its step(), whose answer is the next
+    observation and whose per-turn rewards join the score. Empty: none."""
 
 
 @dataclass

@@ -170,6 +170,24 @@ def validate_supervised(cfg, num_train_examples: Optional[int] = None) -> None:
         cfg.derived["total_steps"] = t.total_steps or max(1, int(t.epochs * num_train_examples / d.batch_size))
 
 
+def check_agent(r) -> None:
+    """The agent loop's keys (rollout.max_turns, tools, tool_parser, env): names are resolved
+    (imported) by the preflight, which builds no model either."""
+    from reinforge.agents.parsers import PARSERS
+
+    check_name(r.tool_parser, tuple(PARSERS), "rollout.tool_parser")
+    if r.max_turns == 1:
+        need(not r.tools and not r.env, f"rollout.tools / rollout.env are used by the agent loop: set "
+                                        f"rollout.max_turns > 1 (got {r.max_turns}), or drop them")
+        return
+    need(not (r.tools and r.env), "rollout.tools and rollout.env: an episode either calls tools or talks to "
+                                  "an environment; set one of them")
+    need(r.backend != "vllm", f"rollout.max_turns={r.max_turns} runs on the lean or hf backend (scripts/"
+                              f"gpu_agent_check.py drives vLLM); set rollout.backend=lean")
+    need(not r.ignore_eos, f"rollout.ignore_eos: EOS ends an agent turn (rollout.max_turns={r.max_turns}); "
+                           f"set rollout.ignore_eos=false")
+
+
 def validate(cfg: RLConfig) -> RLConfig:
     """Check `cfg` and fill `cfg.derived`. Returns the same object."""
     from reinforge.algos import advantages, aggregation, kl, policy_loss
@@ -193,6 +211,7 @@ def validate(cfg: RLConfig) -> RLConfig:
     check_name(a.kl_ctrl, kl.KL_CONTROLLERS, "algorithm.kl_ctrl")
     check_name(r.backend, ("lean", "hf", "vllm"), "rollout.backend")
     check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
+    check_agent(r)
     check_name(cfg.data.overlong_prompt, OVERLONG_POLICIES, "data.overlong_prompt")
     if a.adv_estimator in advantages.NEEDS_GROUPS:
         need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "

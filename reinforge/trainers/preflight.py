@@ -104,5 +104,9 @@ def preflight(cfg):
         check_tokenizer_files(rm_path, "reward.reward_model_path")
     for key, spec, style in reward_functions(cfg):
         check_reward_function(spec, key, style)
+    if hasattr(cfg, "rollout") and cfg.rollout.max_turns > 1:
+        from reinforge.agents.loop import agent_parts
+
+        agent_parts(cfg.rollout)  # every tool and the environment imported (ConfigError naming the key)
     check_lora_targets(cfg)
     return cfg

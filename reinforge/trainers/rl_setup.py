@@ -69,10 +69,15 @@ def make_rollout(cfg: RLConfig, actor_model, tokenizer):
     from reinforge.workers.rollout.hf import HFRollout
     from reinforge.workers.rollout.lean import LeanRollout
 
-    return (LeanRollout if r.backend == "lean" else HFRollout)(
+    rollout = (LeanRollout if r.backend == "lean" else HFRollout)(
         actor_model, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
         max_response_length=r.max_response_length, micro_batch_size=r.micro_batch_size,
         top_p=r.top_p, top_k=r.top_k, ignore_eos=r.ignore_eos)
+    if r.max_turns > 1:  # episodes of several turns with tools or an environment (reinforge.agents.loop)
+        from reinforge.agents.loop import make_agent_rollout
+
+        return make_agent_rollout(r, rollout, tokenizer)
+    return rollout
 
 
 @dataclass

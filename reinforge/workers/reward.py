@@ -47,13 +47,18 @@ class RewardWorker:
         """-> token_level_scores (B, T), acc (B,) in {0, 1}, response_text and reward_fn_scores
         (one {function name: score, None where a TRL-style function returned None} a sample);
         plus reward metrics."""
-        texts = decode_responses(self.tok, batch["responses"], batch["response_mask"])
+        from reinforge.agents.rewards import env_scores, text_mask, turn_level_scores
+
+        # A multi-turn episode (reinforge.agents.loop) is read whole, observations included.
+        traj = batch["trajectory"] if "trajectory" in batch else None
+        texts = decode_responses(self.tok, batch["responses"], text_mask(batch))
         prompts = batch["prompt_text"]
-        scores = torch.zeros(len(batch))
+        scores = torch.zeros(len(batch)) if traj is None else env_scores(traj)
         metrics: dict[str, float] = {}
         if self.manager is not None:
-            ids = [r[m.bool()].tolist() for r, m in zip(batch["responses"], batch["response_mask"])]
-            s, metrics = self.manager.score(prompts, texts, batch["ground_truth"], batch["extra"], completion_ids=ids)
+            ids = [r[m.bool()].tolist() for r, m in zip(batch["responses"], text_mask(batch))]
+            s, metrics = self.manager.score(prompts, texts, batch["ground_truth"], batch["extra"], completion_ids=ids,
+                                            trajectories=traj)
             scores += torch.as_tensor(s, dtype=torch.float32)
         # Correctness is the rule-based score before shaping terms, so length-vs-correctness
         # diagnostics are not confused by penalties.
@@ -69,7 +74,9 @@ class RewardWorker:
             metrics["reward/overlong_penalty_mean"] = float(pen.mean())
         per_fn = self.manager.last_scores if self.manager is not None else {}
         fn_scores = [{k: None if math.isnan(v[i]) else v[i] for k, v in per_fn.items()} for i in range(len(texts))]
-        out = Batch({"token_level_scores": scores_to_tokens(scores, batch["response_mask"]), "acc": acc,
+        tls = scores_to_tokens(scores, batch["response_mask"]) if traj is None else turn_level_scores(
+            scores, batch["response_mask"], traj, self.manager.last_turn_scores if self.manager else None)
+        out = Batch({"token_level_scores": tls, "acc": acc,
                      "seq_scores": scores}, {"response_text": texts, "reward_fn_scores": fn_scores})
         return out, metrics
 

@@ -96,23 +96,25 @@ class LeanRollout(HFRollout):
 
     @torch.no_grad()
     def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, greedy: bool,
-                      sampling: tuple[float, int, float]) -> tuple[torch.Tensor, torch.Tensor]:
+                      sampling: tuple[float, int, float], T: int | None = None,
+                      stop=None) -> tuple[torch.Tensor, torch.Tensor]:
         if not self.lean:
-            return super()._generate_ids(prompt_ids, prompt_mask, n, greedy, sampling)
+            return super()._generate_ids(prompt_ids, prompt_mask, n, greedy, sampling, T)
         inner, backbone = self._parts()
         head, was_training = inner.get_output_embeddings(), self.model.training
         device, dtype = backbone.embed_tokens.weight.device, backbone.embed_tokens.weight.dtype
         self.model.eval()
         try:
             return self._decode(backbone, head, prompt_ids.to(device), prompt_mask.to(device).bool(), n, greedy,
-                                sampling, dtype)
+                                sampling, dtype, T or self.T, stop)
         finally:
             self.model.train(was_training)
 
-    def _decode(self, backbone, head, ids, pmask, n, greedy, sampling, dtype):
-        """(B0, P) prompts -> responses (B0 * n, T) padded with pad_token_id, log-probs (B0 * n, T)."""
+    def _decode(self, backbone, head, ids, pmask, n, greedy, sampling, dtype, T, stop=None):
+        """(B0, P) prompts -> responses (B0 * n, T) padded with pad_token_id, log-probs (B0 * n, T).
+        `stop` (HFRollout.continue_ids) ends rows early as EOS does."""
         B0, P = ids.shape
-        S, dev, cfg = P + self.T, ids.device, backbone.config
+        S, dev, cfg = P + T, ids.device, backbone.config
         kv_shape = (B0, cfg.num_key_value_heads, S, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
         cache = StaticCache.empty(cfg.num_hidden_layers, kv_shape, dtype, dev)
         # Prefill: causal over real prompt tokens; a left pad attends to itself only (no empty rows).
@@ -127,18 +129,20 @@ class LeanRollout(HFRollout):
         cache, keys, logits = cache.rows(rep), keys[rep], logits[rep]
         next_pos = pmask.sum(-1)[rep]  # (B,) position of the first response token
         B = B0 * n
-        resp = torch.full((B, self.T), self.tok.pad_token_id, dtype=torch.long, device=dev)
-        logps = torch.zeros(B, self.T, device=dev)
+        resp = torch.full((B, T), self.tok.pad_token_id, dtype=torch.long, device=dev)
+        logps = torch.zeros(B, T, device=dev)
         rows = torch.arange(B, device=dev)  # the output row of each row still decoding
         eos = torch.as_tensor(self.eos_ids, device=dev)
-        for t in range(self.T):
+        for t in range(T):
             tok, lp = self._pick(logits, greedy, sampling)
             resp[rows, t], logps[rows, t] = tok, lp
-            if t == self.T - 1:
+            if t == T - 1:
                 break
             keys[:, P + t] = True
-            if not self.ignore_eos:
-                alive = ~torch.isin(tok, eos)
+            if not self.ignore_eos or stop is not None:
+                alive = torch.ones_like(tok, dtype=torch.bool) if self.ignore_eos else ~torch.isin(tok, eos)
+                if stop is not None:
+                    alive &= ~stop(rows, resp[:, :t + 1]).to(dev)
                 if not alive.all():  # drop finished rows: compact everything that has a batch dim
                     keep = alive.nonzero()[:, 0]
                     if len(keep) == 0:
