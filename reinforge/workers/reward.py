@@ -1,7 +1,9 @@
 """The reward worker: decode responses, score them, and place each score on the last valid token.
 
 Rule-based functions go through `reinforge.rewards.RewardManager` (worker pool, timeouts, error
-counting); a reward model adds its score; DAPO's soft overlong punishment is added when enabled.
+counting; the `judge` entry is reinforge.rewards.judge.JudgeScorer); a reward model adds its score;
+then the shaping terms (format, DAPO's soft overlong punishment, length penalty) and the clip of
+reinforge.rewards.shaping, in the order of its shape_scores.
 """
 from __future__ import annotations
 
@@ -9,9 +11,9 @@ import math
 
 import torch
 
-from reinforge.algos.overlong import soft_overlong_penalty
 from reinforge.config.schema import AlgorithmConfig, RewardConfig
 from reinforge.protocol import Batch
+from reinforge.rewards.shaping import apply_shaping
 
 
 def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
@@ -33,7 +35,8 @@ class RewardWorker:
         from reinforge.rewards import RewardManager
 
         self.tok, self.cfg, self.algo, self.T = tokenizer, cfg, algo, max_response_length
-        specs = [(f["name"], float(f.get("weight", 1.0)), f.get("style")) for f in cfg.functions]
+        specs = [(self._judge(cfg, device) if f["name"] == "judge" else f["name"], float(f.get("weight", 1.0)),
+                  f.get("style")) for f in cfg.functions]
         self.manager = RewardManager(specs, num_workers=cfg.num_workers, timeout_s=cfg.timeout_s,
                                      default_score=cfg.default_score, max_error_rate=cfg.max_error_rate) if specs else None
         self.rm = None
@@ -42,6 +45,13 @@ class RewardWorker:
 
             # The reward model reads text with its own tokenizer (its vocabulary may differ from the policy's).
             self.rm = RewardModelScorer(cfg.reward_model_path, None, device=device)
+
+    @staticmethod
+    def _judge(cfg: RewardConfig, device: str):
+        """The LLM judge that the reward.functions entry `judge` names (reward.judge)."""
+        from reinforge.rewards.judge import JudgeScorer
+
+        return JudgeScorer(cfg.judge, device=device)
 
     def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
         """-> token_level_scores (B, T), acc (B,) in {0, 1}, response_text and reward_fn_scores
@@ -67,11 +77,10 @@ class RewardWorker:
             rm_scores = torch.as_tensor(self.rm.score(prompts, texts), dtype=torch.float32)
             scores += rm_scores
             metrics["reward/rm_score_mean"] = float(rm_scores.mean())
-        if self.algo.overlong_buffer_len > 0:
-            pen = soft_overlong_penalty(batch["response_mask"].sum(-1).float(), self.T, self.algo.overlong_buffer_len,
-                                        self.algo.overlong_penalty_factor)
-            scores += pen
-            metrics["reward/overlong_penalty_mean"] = float(pen.mean())
+        group_ids = batch["group_ids"] if "group_ids" in batch else None
+        scores, shaping = apply_shaping(scores, texts, batch["response_mask"].sum(-1), acc.bool(), group_ids,
+                                        self.cfg, self.algo, self.T)
+        metrics.update(shaping)
         per_fn = self.manager.last_scores if self.manager is not None else {}
         fn_scores = [{k: None if math.isnan(v[i]) else v[i] for k, v in per_fn.items()} for i in range(len(texts))]
         tls = scores_to_tokens(scores, batch["response_mask"]) if traj is None else turn_level_scores(
