@@ -280,3 +280,17 @@ def make_agent_rollout(r, inner, tokenizer) -> AgentRollout:
     row_tools = lru_cache(maxsize=None)(lambda names: load_tools(list(names)))
     return AgentRollout(inner, tokenizer, max_turns=r.max_turns, parser=get_parser(r.tool_parser), tools=tools,
                         env_factory=env, resolve_tools=lambda names: row_tools(tuple(names)))
+
+
+def episode_metrics(trajectories: list[dict], prefix: str = "agent/") -> dict[str, float]:
+    """Means over a batch's episodes: turns, tool calls, tool errors (per episode), tool latency
+    (seconds per call), and the fractions of episodes truncated (a limit before a final answer)
+    and out of tokens."""
+    n = max(len(trajectories), 1)
+    calls = sum(t["tool_calls"] for t in trajectories)
+    return {f"{prefix}turns_mean": sum(t["turns"] for t in trajectories) / n,
+            f"{prefix}tool_calls_mean": calls / n,
+            f"{prefix}tool_errors": sum(t["tool_errors"] for t in trajectories) / n,
+            f"{prefix}tool_latency_s": sum(t["tool_latency_s"] for t in trajectories) / max(calls, 1),
+            f"{prefix}truncated_episodes": sum(t["truncated"] for t in trajectories) / n,
+            f"{prefix}budget_exhausted": sum(t["budget_exhausted"] for t in trajectories) / n}

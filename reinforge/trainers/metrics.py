@@ -70,6 +70,10 @@ def batch_metrics(batch: Batch) -> dict[str, float]:
         m["actor/ref_kl"] = float(masked_mean(batch["old_log_probs"] - batch["ref_log_probs"], mask))
     m.update(advantage_by_position(batch["advantages"], mask))
     m["batch/sequences"] = float(seq_mask.sum())
+    if "trajectory" in batch:  # multi-turn episodes (reinforge.agents.loop)
+        from reinforge.agents.loop import episode_metrics
+
+        m.update(episode_metrics(batch["trajectory"]))
     return m
 
 
@@ -80,7 +84,8 @@ def sample_rows(batch: Batch, max_groups: int = 8, per_group: int = 4) -> list[d
     function's score (`rewards`, when the reward worker reports them; None where a function did
     not apply), `score` (their weighted sum plus any reward model / overlong terms), `reward`
     (the token-level rewards summed: score minus the KL penalty when KL is in the reward), acc,
-    `advantage` (the mean over the response's tokens) and response length."""
+    `advantage` (the mean over the response's tokens) and response length (generated tokens);
+    multi-turn episodes add turns, tool calls and errors, turn rewards and the limits hit."""
     mask = batch["response_mask"].float()
     lengths = mask.sum(-1)
     adv = (batch["advantages"] * mask).sum(-1) / lengths.clamp(min=1)
@@ -97,8 +102,16 @@ def sample_rows(batch: Batch, max_groups: int = 8, per_group: int = 4) -> list[d
             row["rewards"] = fn_scores[i]
         row.update(score=float(batch["seq_scores"][i]), reward=float(reward[i]), acc=float(batch["acc"][i]),
                    advantage=float(adv[i]), response_length=int(lengths[i]))
+        if "trajectory" in batch:
+            row.update(episode_row(batch["trajectory"][i]))
         rows.append(row)
     return rows
+
+
+def episode_row(trajectory: dict) -> dict:
+    """What a samples row shows of a multi-turn episode (its `response` holds the whole text)."""
+    keys = ("turns", "tool_calls", "tool_errors", "turn_rewards", "truncated", "budget_exhausted")
+    return {k: trajectory[k] for k in keys}
 
 
 def _zero_var_group_frac(batch: Batch) -> float:

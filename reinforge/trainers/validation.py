@@ -20,7 +20,7 @@ import torch
 
 from reinforge.protocol import Batch
 from reinforge.trainers.logging import write_jsonl
-from reinforge.trainers.metrics import pass_at_k
+from reinforge.trainers.metrics import episode_row, pass_at_k
 
 
 def prompts_batch(items: list[dict], first_uid: int) -> Batch:
@@ -111,6 +111,10 @@ def validate(rollout, reward, items: list[dict], *, n: int, temperature: float, 
     metrics["val/acc_greedy"] = float(g_acc.mean())
     metrics["val/score_greedy"] = float(g_score.mean())
     metrics["val/response_length_greedy"] = float(greedy["response_mask"].sum(-1).float().mean())
+    if "trajectory" in greedy:  # multi-turn episodes: turns, tool calls, ... of the greedy ones
+        from reinforge.agents.loop import episode_metrics
+
+        metrics.update(episode_metrics(greedy["trajectory"], "val/agent/"))
     if sampled:
         metrics["val/acc_sampled"] = float(s_acc.mean())
         correct = s_acc.sum(-1).long().tolist()
@@ -120,7 +124,9 @@ def validate(rollout, reward, items: list[dict], *, n: int, temperature: float, 
     if samples_path is not None:
         write_jsonl(samples_path, [{"prompt": greedy["prompt_text"][i], "response": greedy["response_text"][i],
                                     "ground_truth": str(greedy["ground_truth"][i]), "score": float(g_score[i]),
-                                    "acc": float(g_acc[i])} for i in range(min(max_samples_saved, len(items)))])
+                                    "acc": float(g_acc[i]),
+                                    **(episode_row(greedy["trajectory"][i]) if "trajectory" in greedy else {})}
+                                   for i in range(min(max_samples_saved, len(items)))])
     return metrics
 
 
