@@ -43,6 +43,15 @@ SKIP = {
 }
 BASH_S = 60  # a non-reinforge command (python -c, make ...) that needs longer belongs in SKIP
 STANDIN = re.compile(r"^/models/[\w.-]+$")  # a model folder of the reader's, replaced by the tiny model
+MODEL_KEYS = ("model.path", "teacher.path")  # the overrides whose /models/... folder is replaced
+
+
+def standin(arg: str, model: str) -> str:
+    """`arg` with a /models/... folder of a MODEL_KEYS override replaced by the tiny model."""
+    key, _, value = arg.partition("=")
+    return f"{key}={model}" if key in MODEL_KEYS and STANDIN.match(value) else arg
+
+
 TINY = {
     "train": ["trainer.total_steps=1", "data.train_batch_size=2", "rollout.n=2", "rollout.val_n=2",
               "data.max_val_samples=2", "actor.micro_batch_size=4", "critic.micro_batch_size=4"],
@@ -181,8 +190,7 @@ def runnable(doc: str, cmds: list[str], model: str) -> list[tuple[str, list[str]
         if argv[0] != "reinforge":
             out.append((cmd, None))
             continue
-        argv = [f"model.path={model}" if a.startswith("model.path=") and STANDIN.match(a[len("model.path="):]) else a
-                for a in argv[1:]]
+        argv = [standin(a, model) for a in argv[1:]]
         command = argv[0]
         if command == "eval":
             argv += EVAL

@@ -1,0 +1,76 @@
+"""On-policy distillation on the demo's task: the demo's GRPO policy teaches the demo's SFT base.
+
+    python benchmarks/distill_demo.py [--seeds 0 1 2] [--steps 120] [--out runs/distill_demo]
+
+For each seed: `reinforge demo --seed K` (skipped when its folder already holds the RL policy),
+then `--config distill` from the SFT base (runs/demo[_seed<K>]/sft/hf) with the GRPO policy
+(.../grpo/hf) as the teacher, the demo's data and GRPO settings (32 prompts a step, lr 3e-5,
+held-out validation every 20 steps: greedy accuracy and mean@4). Prints, per seed, held-out
+greedy accuracy and mean@4 of the base (step 0), the student, and the teacher; and the greedy
+curve of distillation beside GRPO's from the same base (the demo's run), step for step.
+docs/results.md, "On-policy distillation", holds the numbers.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+
+def demo_dir(seed: int) -> Path:
+    return Path("runs/demo" if seed == 0 else f"runs/demo_seed{seed}")
+
+
+def val_rows(metrics: Path) -> dict[int, dict]:
+    """step -> its last metrics row that holds validation results."""
+    rows = [json.loads(x) for x in metrics.read_text().splitlines()]
+    return {r["step"]: r for r in rows if "val/acc_greedy" in r}
+
+
+def distill(seed: int, steps: int, out: Path) -> Path:
+    from reinforge.config.load import load_config
+    from reinforge.config.schema import RLConfig
+    from reinforge.trainers.rl import RLTrainer
+
+    d, k = demo_dir(seed), seed + 1  # the demo's trainer seeds (cli/demo.stage_seeds)
+    run = out / f"seed{seed}"
+    overrides = [f"teacher.path={d / 'grpo/hf'}", f"model.path={d / 'sft/hf'}",
+                 f"data.train_files=[{d / 'data/train.parquet'}]", f"data.val_files=[{d / 'data/test.parquet'}]",
+                 "data.max_prompt_length=8", "rollout.max_response_length=5", "data.train_batch_size=32",
+                 "rollout.n=4", "data.val_batch_size=200", "data.max_val_samples=200", "rollout.val_n=4",
+                 "trainer.pass_k=[1,4]", "trainer.val_sampled=always", "trainer.val_every=20",
+                 "reward.functions=[{name: arithmetic}]", f"trainer.total_steps={steps}", "actor.lr=3e-5",
+                 "actor.micro_batch_size=128", f"trainer.seed={k}", f"data.seed={k}", f"trainer.run_dir={run}",
+                 "trainer.report=false", "trainer.export_hf=false"]
+    RLTrainer(load_config(RLConfig, "distill", overrides)).fit(overwrite=True)
+    return run
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--out", default="runs/distill_demo")
+    args = p.parse_args()
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    for seed in args.seeds:
+        if not (demo_dir(seed) / "grpo/hf").is_dir():
+            subprocess.run([sys.executable, "-m", "reinforge.cli.main", "demo", "--seed", str(seed)], check=True)
+        run = distill(seed, args.steps, Path(args.out))
+        ours, grpo = val_rows(run / "metrics.jsonl"), val_rows(demo_dir(seed) / "grpo/metrics.jsonl")
+        last = max(ours)
+        print(f"seed {seed}: greedy base {ours[0]['val/acc_greedy']:.3f} -> student {ours[last]['val/acc_greedy']:.3f} "
+              f"(teacher {grpo[max(grpo)]['val/acc_greedy']:.3f}); mean@4 base {ours[0]['val/acc_sampled']:.3f} -> "
+              f"student {ours[last]['val/acc_sampled']:.3f}")
+        print("  step  distill greedy  GRPO greedy")
+        for s in sorted(ours):
+            g = grpo.get(s, {}).get("val/acc_greedy", float("nan"))
+            print(f"  {s:>4}  {ours[s]['val/acc_greedy']:>14.3f}  {g:>11.3f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
