@@ -52,6 +52,13 @@ def test_preset_trains(preset, tiny_model_dir, arith_data, tmp_path):
     # DAPO's overlong filter drops every response without EOS from the loss, and the untrained
     # model rarely emits EOS: longer responses give some rows an EOS on any CPU's sampling.
     extra = {"rollout.n": 1} if preset == "remax" else {"rollout.max_response_length": 16} if preset == "dapo" else {}
+    if preset == "distill":  # a teacher unlike the student (tests/test_distill_e2e.py checks the mechanism)
+        from reinforge.models.tiny import make_tiny_model
+        from reinforge.tasks import build_char_tokenizer
+
+        make_tiny_model(build_char_tokenizer(), str(tmp_path / "teacher"), seed=1, hidden_size=64, num_layers=2,
+                        num_heads=4, num_kv_heads=2, intermediate_size=128)
+        extra = {"teacher.path": str(tmp_path / "teacher")}
     trainer, before, rows = _run(preset, tiny_model_dir, arith_data, tmp_path, **extra)
     if preset == "dapo" and all(r["overlong/filtered_frac"] == 1.0 for r in rows):
         assert not _changed(trainer, before), "dapo: every response was filtered, yet parameters moved"
