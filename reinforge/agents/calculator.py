@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 import math
 import operator
+import warnings
 
 MAX_EXPR_CHARS = 200
 # |value| of any intermediate result; 1e100 keeps big-int arithmetic microseconds-cheap.
@@ -77,7 +78,9 @@ def calculate(expression: str) -> str:
     if len(expression) > MAX_EXPR_CHARS:
         raise CalculatorError(f"expression longer than {MAX_EXPR_CHARS} characters")
     try:
-        tree = ast.parse(expression.strip(), mode="eval")
+        with warnings.catch_warnings():  # "12x" warns "invalid decimal literal" before failing
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(expression.strip(), mode="eval")
     except SyntaxError:
         raise CalculatorError(f"cannot parse {expression.strip()!r}") from None
     return format_number(_eval(tree))
