@@ -142,6 +142,10 @@ def test_ray_backend_trains_and_resumes(ray_cluster, tiny_model_dir, arith_data,
     common = step3.keys() & base.keys()
     assert len(common) == len(step3), sorted(step3.keys() - base.keys())
     assert any(not torch.equal(step3[k], base[k]) for k in common), "no actor weight changed in 3 steps"
+    # The driver holds no weights: rank 0 streamed the export from the shards, and it holds the
+    # step-3 weights (the export follows the last checkpoint).
+    exported = AutoModelForCausalLM.from_pretrained(str(tmp_path / "a" / "hf")).state_dict()
+    assert all(torch.equal(exported[k], v) for k, v in step3.items())
     RLTrainer(cfg(tmp_path / "b", 2)).fit()
     trainer = RLTrainer(cfg(tmp_path / "b", 3))
     trainer.fit(resume=True)

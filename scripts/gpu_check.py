@@ -1,0 +1,150 @@
+"""One GPU validation of the Ray backend with rank-side vLLM: run by scripts/gpu_check.sh.
+
+UNTESTED: written without access to a GPU (no run of it has been seen to pass). It checks, on
+one GPU, in one process tree, with nothing downloaded:
+
+- a randomly initialised Qwen2 of about 0.48B parameters (Qwen2.5-0.5B's layer shape: hidden
+  896, 14 heads / 2 KV heads, MLP 4864; 32 layers; the character vocabulary of
+  reinforge.tasks, so every sampled id decodes), written with save_pretrained in bf16;
+- `trainer.backend=ray` with one rank (FSDP2 over NCCL, bf16), `rollout.backend=vllm`: the
+  rank's own vLLM engine (sleep mode, external launcher, weights streamed from the shards),
+  GRPO on the arithmetic task for --steps steps;
+- per step: tokens/s of each stage (generation: response tokens / gen time; old log-probs,
+  reference, actor update: all tokens / stage time), MFU (perf/mfu), the max and mean
+  |log-prob gap| between vLLM and the trainer on the same sampled tokens, the losses; at the
+  end each rank's peak GPU memory (torch's allocator: the trainer; the device's used memory
+  now: vLLM asleep, its pool released).
+
+Exits 1 when: no CUDA device or no vllm (nothing was checked); a loss, the grad norm or a gap is
+not finite; the max gap exceeds --max-gap; the mean gap of a later step exceeds
+max(--gap-growth x step 1's, 0.02) (vLLM generating with stale weights shows up that way:
+step 1 runs before any update); |pg_loss| > 10 or kl_loss > 1.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+
+def _gpu_memory(rank) -> dict:
+    """In a rank process: its GPU memory, in GiB."""
+    import torch
+
+    free, total = torch.cuda.mem_get_info()
+    return {"torch_peak_allocated": torch.cuda.max_memory_allocated() / 2**30,
+            "torch_peak_reserved": torch.cuda.max_memory_reserved() / 2**30, "device_used_now": (total - free) / 2**30}
+
+
+def build_model(out: Path) -> int:
+    """The random ~0.48B Qwen2 and its tokenizer in `out`; returns the parameter count."""
+    import torch
+    from transformers import Qwen2ForCausalLM
+
+    from reinforge.models.tiny import tiny_qwen2_config
+    from reinforge.tasks import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    config = tiny_qwen2_config(len(tok), hidden_size=896, num_layers=32, num_heads=14, num_kv_heads=2,
+                               intermediate_size=4864, max_positions=1024, pad_token_id=tok.pad_token_id,
+                               eos_token_id=tok.eos_token_id, bos_token_id=tok.bos_token_id)
+    torch.manual_seed(0)
+    with torch.device("cuda"):
+        model = Qwen2ForCausalLM(config).to(torch.bfloat16)
+    model.generation_config.pad_token_id, model.generation_config.eos_token_id = tok.pad_token_id, tok.eos_token_id
+    model.save_pretrained(out)
+    tok.save_pretrained(out)
+    n = sum(p.numel() for p in model.parameters())
+    del model
+    torch.cuda.empty_cache()
+    return n
+
+
+def stage_rates(m: dict) -> dict[str, float]:
+    """Tokens/s per stage from a step's metrics (0 where the stage did not run)."""
+    tokens = m["perf/throughput"] * m["timing_s/step"]  # all tokens of the batch
+    resp = m["response_length/mean"] * m["_rows"]
+    out = {"gen": resp / m["timing_s/gen"]}
+    for stage in ("old_log_prob", "ref", "update_actor"):
+        t = m.get(f"timing_s/{stage}", 0.0)
+        out[stage] = tokens / t if t > 0 else 0.0
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--steps", type=int, default=4)
+    ap.add_argument("--max-gap", type=float, default=1.0, help="fail above this max |vLLM - trainer| log-prob")
+    ap.add_argument("--gap-growth", type=float, default=3.0)
+    args = ap.parse_args()
+    import torch
+
+    if not torch.cuda.is_available():
+        print("gpu_check: no CUDA device; nothing was checked")
+        return 1
+    try:
+        import vllm
+    except ImportError:
+        print("gpu_check: vllm is not installed (pip install 'reinforge[vllm]'); nothing was checked")
+        return 1
+    from reinforge.config.load import load_config
+    from reinforge.config.schema import RLConfig
+    from reinforge.tasks import make_task_data
+    from reinforge.trainers.rl import RLTrainer
+
+    t0 = time.perf_counter()
+    work = Path(tempfile.mkdtemp(prefix="gpu_check_"))
+    n_params = build_model(work / "model")
+    data = make_task_data("arithmetic", str(work / "data"), n_train=512, n_test=16, n_sft=8, seed=0, digits=2)
+    batch, n = 16, 8
+    over = {"model.path": work / "model", "data.train_files": f"[{data['train']}]", "data.val_files": f"[{data['test']}]",
+            "data.max_prompt_length": 64, "rollout.max_response_length": 256, "data.train_batch_size": batch,
+            "rollout.n": n, "rollout.backend": "vllm", "rollout.gpu_memory_utilization": 0.35,
+            "trainer.backend": "ray", "trainer.devices_per_node": 1, "model.dtype": "bfloat16",
+            "actor.lr": 1e-4, "actor.micro_batch_size": 32, "trainer.total_steps": args.steps,
+            "trainer.run_dir": work / "run", "trainer.loggers": "[jsonl]", "trainer.progress": False,
+            "trainer.report": False, "trainer.val_before_train": False, "reward.functions": "[{name: exact_match}]"}
+    print(f"gpu_check: {torch.cuda.get_device_name()}, vllm {vllm.__version__}, torch {torch.__version__}; "
+          f"random Qwen2 with {n_params / 1e9:.3f}B parameters in {work}")
+    trainer = RLTrainer(load_config(RLConfig, "grpo", [f"{k}={v}" for k, v in over.items()]))
+    print(f"setup (model, Ray rank, FSDP2, vLLM engine): {time.perf_counter() - t0:.0f} s")
+    print("| step | gen tok/s | old_log_prob tok/s | ref tok/s | update tok/s | MFU | gap max | gap mean | "
+          "pg_loss | kl_loss | grad_norm | step s |")
+    print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
+    problems, first_gap = [], None
+    for step in range(1, args.steps + 1):
+        trainer.step_idx = step
+        m = trainer.step()
+        m["_rows"] = batch * n
+        r = stage_rates(m)
+        gap_max, gap_mean = m["rollout_corr/logprob_gap_max"], m["rollout_corr/logprob_gap_abs_mean"]
+        pg, kl, gn = m["actor/pg_loss"], m.get("actor/kl_loss", 0.0), m["actor/grad_norm"]
+        print(f"| {step} | {r['gen']:,.0f} | {r['old_log_prob']:,.0f} | {r['ref']:,.0f} | {r['update_actor']:,.0f} | "
+              f"{m['perf/mfu']:.3f} | {gap_max:.4f} | {gap_mean:.5f} | {pg:.4g} | {kl:.4g} | {gn:.4g} | "
+              f"{m['timing_s/step']:.1f} |")
+        if not all(math.isfinite(v) for v in (gap_max, gap_mean, pg, kl, gn)):
+            problems.append(f"step {step}: a non-finite loss, grad norm or gap")
+        if gap_max > args.max_gap:
+            problems.append(f"step {step}: max |log-prob gap| {gap_max:.4f} > --max-gap {args.max_gap}")
+        first_gap = gap_mean if first_gap is None else first_gap
+        if step > 1 and gap_mean > max(args.gap_growth * first_gap, 0.02):
+            problems.append(f"step {step}: mean gap {gap_mean:.5f} grew from step 1's {first_gap:.5f} "
+                            f"(does vLLM generate with the updated weights?)")
+        if abs(pg) > 10 or kl > 1:
+            problems.append(f"step {step}: loss out of bounds (pg_loss {pg:.4g}, kl_loss {kl:.4g})")
+    group = trainer.actor.group
+    for rank, mem in enumerate(group.get([w.__ray_call__.remote(_gpu_memory) for w in group.ranks])):
+        print(f"rank {rank} GPU memory (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items()))
+    trainer.close()
+    print(f"total {time.perf_counter() - t0:.0f} s")
+    for p in problems:
+        print(f"FAILED: {p}")
+    print("OK" if not problems else "FAILED")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
