@@ -33,6 +33,7 @@ import torch
 from reinforge.agents.base import Environment, Tool
 from reinforge.agents.executor import run_tool_calls
 from reinforge.protocol import Batch
+from reinforge.rewards.styles import public_extra
 from reinforge.workers.rollout.hf import assemble_rollout, left_pad, sampling_meta
 
 
@@ -204,7 +205,9 @@ class AgentRollout:
         """The single-turn rollouts' Batch (module doc), one episode a (prompt, sample)."""
         meta = sampling_meta(temperature, self.inner.top_k, self.inner.top_p, greedy)
         sampling = (meta["temperature"], meta["top_k"], meta["top_p"])
-        rows = [{**(prompts["extra"][i] or {}), "prompt": prompts["prompt_text"][i],
+        # What reset(row) and a row's `tools` see: the dataset's other columns, the rendered prompt,
+        # the ground truth (from reward_model.ground_truth too) and the data source.
+        rows = [{**public_extra(prompts["extra"][i] or {}), "prompt": prompts["prompt_text"][i],
                  "ground_truth": prompts["ground_truth"][i], "data_source": prompts["data_source"][i]}
                 for i in range(len(prompts))]
         eps = [self._episode(prompts["prompt_ids"][i], rows[i]) for i in range(len(prompts)) for _ in range(n)]
