@@ -124,3 +124,36 @@ def test_distill_refusals(student_dir, tiny_model_dir, arith_data, tmp_path, no_
         preflight(cfg(**{"teacher.path": str(other)}))
     with pytest.raises(ConfigError, match="teacher.mode=gkd compares whole distributions: rollout.top_k"):
         preflight(cfg(**{"teacher.path": tiny_model_dir, "teacher.mode": "gkd", "rollout.top_k": 5}))
+
+
+def test_gkd_forward_matches_the_logits_path(student_dir, tiny_model_dir):
+    """workers/gkd.py on a ragged batch: the student's log-probs and entropies equal the actor's
+    usual path, the JSD equals generalized_jsd of both models' logits, and the gradient of a mix
+    of the three reaches the student's weights as through the full logits."""
+    from reinforge.algos.distill import generalized_jsd
+    from reinforge.workers.gkd import GKDTerm, gkd_log_probs
+    from tests.conftest import ragged_batch
+
+    student = AutoModelForCausalLM.from_pretrained(student_dir)
+    teacher = AutoModelForCausalLM.from_pretrained(tiny_model_dir).eval().requires_grad_(False)
+    mb = ragged_batch(student.config.vocab_size, 4, 5, 6)
+    T, temp, am = 6, 0.8, mb["attention_mask"]
+    logp, ent, jsd = gkd_log_probs(student, GKDTerm(teacher, 0.3, 1.0), mb, temp, chunk_size=7)
+    (logp.sum() + ent.sum() + 2 * jsd.sum()).backward()
+    got = [p.grad.clone() for p in student.parameters()]
+    student.zero_grad()
+
+    fwd = dict(input_ids=mb["input_ids"], attention_mask=am, position_ids=position_ids_from_mask(am))
+    zs = student(**fwd).logits[:, -T - 1:-1] / temp
+    with torch.no_grad():
+        zt = teacher(**fwd).logits[:, -T - 1:-1] / temp
+    log_q = zs.log_softmax(-1)
+    ref_logp = log_q.gather(-1, mb["responses"][..., None])[..., 0]
+    ref_ent = -(log_q.exp() * log_q).sum(-1)
+    ref_jsd = generalized_jsd(zs.reshape(-1, zs.shape[-1]), zt.reshape(-1, zt.shape[-1]), 0.3).view(4, T)
+    for a, b in ((logp, ref_logp), (ent, ref_ent), (jsd, ref_jsd)):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    (ref_logp.sum() + ref_ent.sum() + 2 * ref_jsd.sum()).backward()
+    for g, p in zip(got, student.parameters()):
+        scale = max(float(p.grad.abs().max()), 1e-12)
+        assert float((g - p.grad).abs().max()) <= 1e-5 * scale
