@@ -74,12 +74,6 @@ class RankProcess:
         out = self.engine.generate(self.models["actor"], version, prompts, kwargs, seed)
         return None if out is None else out.to("cpu")
 
-    def rss_bytes(self) -> int:
-        """Peak resident memory of this process (benchmarks)."""
-        import resource
-
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
     def save_sharded(self, role: str, path: str, full_path: str):
         """Collective: this rank's model and optimizer shards go under `path`, and rank 0
         streams the full weights into the safetensors file `full_path` (evaluation, a local

@@ -85,11 +85,13 @@ def test_grpo_two_ranks_generate_as_one(ray_cluster, tiny_model_dir, arith_data,
     """A 2-step GRPO run (sampling at temperature 1) on 2 ranks and on 1 rank: every sample of
     both steps is the same text (step 2's after an update whose weights differ between the two
     runs only by float rounding), and the losses agree closely."""
+    from safetensors.torch import load_file
+
     from reinforge.trainers.rl import RLTrainer
 
     def run(name, ranks):
         extra = {"trainer.backend": "ray", "trainer.devices_per_node": ranks, "trainer.val_before_train": False,
-                 "trainer.log_samples_every": 1, "trainer.save_every": 0}
+                 "trainer.log_samples_every": 1, "trainer.save_every": 2}
         seed_everything(0)
         last = RLTrainer(load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / name),
                                                                      **extra))).fit()
@@ -105,3 +107,6 @@ def test_grpo_two_ranks_generate_as_one(ray_cluster, tiny_model_dir, arith_data,
     for k in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "critic/score/mean"):
         print(f"{k}: 2 ranks {last2[k]:.8g}, 1 rank {last1[k]:.8g}")
         assert abs(last2[k] - last1[k]) <= 1e-4 * max(1.0, abs(last1[k])), (k, last2[k], last1[k])
+    w2, w1 = (load_file(str(tmp_path / name / "checkpoints" / "step_2" / "actor.safetensors")) for name in ("two", "one"))
+    diff = max(float((w2[k] - w1[k]).abs().max()) for k in w1)
+    print(f"max |w_2ranks - w_1rank| after 2 steps: {diff:.2e}")
