@@ -23,11 +23,13 @@ import statistics
 import time
 from pathlib import Path
 
-SETTINGS = {  # name -> (torch intra-op threads, overrides)
+SETTINGS = {  # name -> (torch intra-op threads, overrides); async: the producer thread runs one more
     "sync, 1 thread": (1, ["rollout.staleness=0"]),
-    "sync, 2 threads": (2, ["rollout.staleness=0"]),
     "staleness 1, 1+1 threads": (1, ["rollout.staleness=1"]),
 }
+# Two intra-op threads for the synchronous loop: fair on an idle 2-core machine, but on a busy
+# one they spin-wait on each other (37-44 s a step here where one thread took ~3 s), so opt-in.
+TWO_THREADS = {"sync, 2 threads": (2, ["rollout.staleness=0"])}
 QUIET = ["trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.report=false"]
 
 
@@ -82,9 +84,10 @@ def bench(args) -> None:
 
     root = Path(args.root) / "timing"
     paths, _ = make_inputs(root, False, 0)  # random init: the demo's model before SFT
-    rows: dict[str, list[dict]] = {name: [] for name in SETTINGS}
+    settings = {**SETTINGS, **(TWO_THREADS if args.two_threads else {})}
+    rows: dict[str, list[dict]] = {name: [] for name in settings}
     for _ in range(args.rounds):
-        for name, (threads, overrides) in SETTINGS.items():
+        for name, (threads, overrides) in settings.items():
             got = timed_steps(root / "model", paths, root / "run", threads, overrides, args.steps)
             rows[name] += got[args.warmup:]
     print(timing_table(rows))
@@ -115,6 +118,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8, help="steps per run (timing)")
     ap.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
     ap.add_argument("--rounds", type=int, default=2, help="times each setting runs, taking turns")
+    ap.add_argument("--two-threads", action="store_true", help="also time the synchronous loop on 2 threads")
     ap.add_argument("--learn", action="store_true", help="the learning check instead of timing")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0])
     args = ap.parse_args()

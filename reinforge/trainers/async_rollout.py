@@ -91,7 +91,7 @@ class AsyncProducer:
         self.round, self.round_state, self.offset, self.next_uid = [], start.loader_state, start.offset, start.uid
         if start.offset:
             self.round = next(self.loader)
-        rollout.generator = torch.Generator().manual_seed(seed)
+        engine(rollout).generator = torch.Generator().manual_seed(seed)
         self.thread = threading.Thread(target=self._run, name="reinforge-async-rollout", daemon=True)
         self.thread.start()
 
@@ -171,7 +171,7 @@ class AsyncProducer:
                     self.inflight = start
                     snap, version = self.snapshot, self.version
                 if version != self.loaded:
-                    load_trainable(self.rollout.model, snap)
+                    load_trainable(engine(self.rollout).model, snap)
                     self.loaded = version
                 t0 = time.perf_counter()
                 batch = self.rollout.generate(prompts_batch(items, start.uid), n=self.n, temperature=self.temperature)
@@ -196,9 +196,18 @@ def load_trainable(model, snapshot: dict[str, torch.Tensor]) -> None:
         params[name].copy_(value)
 
 
+def engine(rollout):
+    """The decoding rollout itself, inside an agent loop's wrapper (rollout.max_turns > 1) if any."""
+    return engine(rollout.inner) if hasattr(rollout, "inner") else rollout
+
+
 def behaviour_rollout(rollout):
-    """A copy of the trainer's rollout on a deep copy of its model (the behaviour policy)."""
+    """A copy of the trainer's rollout (an agent loop's wrapper copied too) on a deep copy of its
+    model: the behaviour policy."""
     twin = copy.copy(rollout)
+    if hasattr(rollout, "inner"):
+        twin.inner = behaviour_rollout(rollout.inner)
+        return twin
     twin.model = copy.deepcopy(rollout.model)
     twin.model.requires_grad_(False)
     return twin
@@ -253,7 +262,7 @@ def start_producer(trainer) -> AsyncProducer:
     """The producer of an RLTrainer (rollout.staleness > 0), from its current weights, loader
     position and uid (after resume: the checkpoint's `resume_point`)."""
     cfg, r = trainer.cfg, trainer.cfg.rollout
-    if not getattr(trainer.rollout, "lean", False):
+    if not getattr(engine(trainer.rollout), "lean", False):
         from reinforge.config.load import ConfigError
 
         raise ConfigError(f"rollout.staleness={r.staleness} needs the lean decoding loop, which does not drive "
