@@ -63,6 +63,10 @@ class StaticCache:
 class LeanRollout(HFRollout):
     """HFRollout with the decoding loop above (generate() for unsupported architectures)."""
 
+    # Sampling's random source: None is torch's global one; the asynchronous producer's copy
+    # draws from its own (trainers/async_rollout.py), which no other thread moves or restores.
+    generator: torch.Generator | None = None
+
     def __init__(self, model, tokenizer, **kw):
         super().__init__(model, tokenizer, **kw)
         self.lean = lean_supported(model)
@@ -91,7 +95,7 @@ class LeanRollout(HFRollout):
             tok = logits.argmax(-1)
             return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
         logp = sampling_log_probs(logits, temperature, top_k, top_p)
-        tok = torch.multinomial(logp.exp(), 1)[:, 0]
+        tok = torch.multinomial(logp.exp(), 1, generator=self.generator)[:, 0]
         return tok, logp.gather(-1, tok[:, None])[:, 0]
 
     @torch.no_grad()
