@@ -86,6 +86,25 @@ class StopScanner:
         return len(ids)
 
 
+@dataclass
+class TurnStops:
+    """Where each row of one generate call must end its turn (besides EOS): after `budgets[r]`
+    tokens, or at a stop string of `scanners[r]`. The lean loop calls it every step with the
+    rows still decoding (rows (k,)) and the ids so far (b, t) -> (k,) bool; engines that take
+    per-row limits instead (vLLM: max_tokens, stop) read `budgets` and `stop_strings`."""
+
+    budgets: list[int]
+    scanners: list[StopScanner]
+
+    @property
+    def stop_strings(self) -> list[list[str]]:
+        return [s.stops for s in self.scanners]
+
+    def __call__(self, rows: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+        t = ids.shape[1]
+        return torch.as_tensor([t >= self.budgets[r] or self.scanners[r].hit(ids[r].tolist()) for r in rows.tolist()])
+
+
 def row_tool_names(value) -> list[str] | None:
     """A row's `tools` column as a list of names (None: the row names none): a list, or a JSON
     list as a string."""
@@ -146,20 +165,15 @@ class AgentRollout:
         step = max(1, self.inner.micro_batch_size)
         for i in range(0, len(eps), step):
             part = eps[i:i + step]
-            left = [self.T - len(e.ids) for e in part]
-            scanners = [StopScanner(self.tok, self.parser.stop_strings(e.tools) if e.env is None else [])
-                        for e in part]
-
-            def stop(rows: torch.Tensor, ids: torch.Tensor, left=left, scanners=scanners) -> torch.Tensor:
-                t = ids.shape[1]
-                return torch.as_tensor([t >= left[r] or scanners[r].hit(ids[r].tolist()) for r in rows.tolist()])
-
-            ids, logp = self.inner.continue_ids([e.prompt + e.ids for e in part], max(left), greedy=greedy,
-                                                sampling=sampling, stop=stop)
-            for row, budget in enumerate(left):
+            stops = TurnStops([self.T - len(e.ids) for e in part],
+                              [StopScanner(self.tok, self.parser.stop_strings(e.tools) if e.env is None else [])
+                               for e in part])
+            ids, logp = self.inner.continue_ids([e.prompt + e.ids for e in part], max(stops.budgets), greedy=greedy,
+                                                sampling=sampling, stop=stops)
+            for row, budget in enumerate(stops.budgets):
                 turn = ids[row, :budget].tolist()
                 end = next((k + 1 for k, t in enumerate(turn) if t in self.eos_ids), len(turn))
-                end = scanners[row].first_cut(turn[:end])
+                end = stops.scanners[row].first_cut(turn[:end])
                 out.append((turn[:end], logp[row, :end].tolist()))
         return out
 

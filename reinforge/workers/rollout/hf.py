@@ -144,9 +144,10 @@ class HFRollout:
         """Continue b token sequences (any lengths: prompt plus the episode so far) by up to
         `max_new` tokens each, one sample a row (the agent loop's turn, reinforge.agents.loop).
         -> ids (b, max_new) padded with pad_token_id after EOS, log-probs (b, max_new).
-        `stop(rows, ids)`: rows (k,) still decoding, ids (b, t) generated so far -> (k,) bool, the
-        rows to end now (a parser's stop string); the lean loop calls it each step, generate()
-        does not, so the caller cuts every row at its first stop as well."""
+        `stop(rows, ids)` (reinforge.agents.loop.TurnStops): rows (k,) still decoding, ids (b, t)
+        generated so far -> (k,) bool, the rows to end now (their budget, a parser's stop
+        string); the lean loop calls it each step, generate() does not, so the caller cuts every
+        row at its first stop as well."""
         ids, mask = left_pad(contexts, max(map(len, contexts)), self.tok.pad_token_id)
         return self._generate_ids(ids, mask, 1, greedy, sampling, T=max_new, stop=stop)
 
