@@ -42,8 +42,8 @@ def get_base(out: Path) -> tuple[Path, dict]:
     from reinforge.cli.demo import make_inputs, run_sft
 
     base = ROOT / "runs" / "studies" / "base"
-    paths, _ = make_inputs(base, quick=False)
-    return run_sft(base, paths, quick=False), paths
+    paths, _ = make_inputs(base, quick=False, seed=0)
+    return run_sft(base, paths, 0, []), paths
 
 
 def run_arm(name: str, preset: str, overrides: list[str], base: Path, paths: dict, out: Path) -> list[dict]:
