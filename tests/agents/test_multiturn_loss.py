@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from safetensors.torch import load_file
 
 from reinforge.agents.base import Tool, ToolCall
 from reinforge.agents.loop import AgentRollout
