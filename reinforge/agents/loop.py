@@ -311,3 +311,18 @@ def episode_metrics(trajectories: list[dict], prefix: str = "agent/") -> dict[st
             f"{prefix}tool_latency_s": sum(t["tool_latency_s"] for t in trajectories) / max(calls, 1),
             f"{prefix}truncated_episodes": sum(t["truncated"] for t in trajectories) / n,
             f"{prefix}budget_exhausted": sum(t["budget_exhausted"] for t in trajectories) / n}
+
+
+def prompt_tools(r) -> Callable:
+    """row's `tools` column (or None) -> the OpenAI schemas of its tools (rollout.tools when the
+    row names none): what a hermes chat template renders into the prompt (`tools=`)."""
+    from reinforge.agents.tools import load_tools
+
+    tools, _ = agent_parts(r)
+    default = [t.schema() for t in tools.values()]
+
+    def schemas(value) -> list[dict]:
+        names = row_tool_names(value)
+        return default if names is None else [t.schema() for t in load_tools(names).values()]
+
+    return schemas

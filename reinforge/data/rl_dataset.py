@@ -42,6 +42,8 @@ class RLDataset(ItemsDataset):
     in `num_skipped`, "truncate_left" keeps the last max_prompt_length tokens (the end of a
     prompt, next to where the answer starts, matters most). `length_key` is the config key that
     set max_prompt_length, named in the errors (SFT/DPO eval prompts: eval.max_prompt_length).
+    `tools(row's tools column or None) -> [OpenAI tool schema]`: the tools a message prompt is
+    rendered with (rollout.tool_parser=hermes; reinforge.agents.loop.prompt_tools).
     """
 
     def __init__(
@@ -54,6 +56,7 @@ class RLDataset(ItemsDataset):
         prompt_key: str = "prompt",
         require_ground_truth: bool = True,
         length_key: str = "data.max_prompt_length",
+        tools=None,
     ):
         if overlong_prompt not in OVERLONG_POLICIES:
             raise ValueError(f"overlong_prompt must be one of {OVERLONG_POLICIES}, got {overlong_prompt!r}")
@@ -63,7 +66,8 @@ class RLDataset(ItemsDataset):
         # Validate every row before tokenizing anything, so a bad row 90,000 fails in seconds.
         texts, meta = [], []
         for i, row in enumerate(rows):
-            texts.append(render_prompt(row.get(prompt_key), tokenizer, self.path, i, prompt_key))
+            schemas = tools(row.get("tools")) if tools is not None else None
+            texts.append(render_prompt(row.get(prompt_key), tokenizer, self.path, i, prompt_key, schemas))
             gt, gt_col = _ground_truth(row, self.path, i, require_ground_truth)
             source = row.get("data_source")
             if source is not None and not isinstance(source, str):

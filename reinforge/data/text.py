@@ -18,11 +18,13 @@ def check_messages(value: Any, path: str, row: int, field: str) -> list[dict]:
     return list(value)
 
 
-def render_prompt(value: Any, tokenizer, path: str, row: int, field: str) -> str:
+def render_prompt(value: Any, tokenizer, path: str, row: int, field: str, tools: list[dict] | None = None) -> str:
     """Prompt text: a string as is, or messages rendered by the tokenizer's chat template.
 
     Messages are rendered with `add_generation_prompt=True` so the text ends where the
-    assistant's reply begins. Missing, empty or wrongly typed values raise DataError.
+    assistant's reply begins, and with `tools=` (OpenAI function schemas) when `tools` is
+    non-empty (the agent loop's hermes format). Missing, empty or wrongly typed values raise
+    DataError.
     """
     if value is None:
         raise row_error(path, row, field, "missing")
@@ -34,7 +36,8 @@ def render_prompt(value: Any, tokenizer, path: str, row: int, field: str) -> str
         messages = check_messages(value, path, row, field)
         if getattr(tokenizer, "chat_template", None) is None:
             raise row_error(path, row, field, "prompt is a message list but the tokenizer has no chat template")
-        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                             **({"tools": tools} if tools else {}))
     raise row_error(path, row, field, f"expected a string or a list of messages, got {type(value).__name__}")
 
 

@@ -54,9 +54,14 @@ def load_prompts(files: list[str], tokenizer, cfg: RLConfig, rows: dict | None =
     """The prompts of `files` (paths, or "python:..." names of `rows` handed over in Python)."""
     from reinforge.trainers.inputs import PromptDataset, data_source
 
+    tools = None
+    if cfg.rollout.max_turns > 1 and cfg.rollout.tool_parser == "hermes":  # the chat template lists the tools
+        from reinforge.agents.loop import prompt_tools
+
+        tools = prompt_tools(cfg.rollout)
     parts = [PromptDataset(data_source(f, key, rows or {}), tokenizer, name=f,
                            max_prompt_length=cfg.data.max_prompt_length, overlong_prompt=cfg.data.overlong_prompt,
-                           prompt_key=cfg.data.prompt_key) for f in files]
+                           prompt_key=cfg.data.prompt_key, tools=tools) for f in files]
     return parts[0] if len(parts) == 1 else ConcatDataset(parts)
 
 

@@ -165,3 +165,63 @@ def test_generated_ids_are_kept_where_re_encoding_would_merge_them():
                        tools={}).generate(_items(tok, ["x="]), n=1)
     assert out["responses"][0, :3].tolist() == sampled and out["response_mask"][0].tolist()[:4] == [1, 1, 1, 0]
     assert tok.decode(sampled, skip_special_tokens=True) == "ab"
+
+
+# A Qwen2.5-like chat template that lists `tools=` in a system turn and renders tool results as
+# <tool_response> blocks in a user turn (HF renders with trim_blocks: a newline right after a
+# block tag is dropped).
+HERMES_TEMPLATE = (
+    "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
+    "{% for m in messages %}"
+    "{% if m.role == 'tool' %}"
+    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
+    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
+    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def test_hermes_episode_is_the_chat_templates_conversation(tmp_path):
+    """A hermes episode (prompt rendered with tools=, a JSON call, the result as a tool message,
+    an answer) is token for token the template's rendering of that conversation (but for the
+    newline after the final <|im_end|>, where the episode ends)."""
+    import json
+
+    from reinforge.agents.loop import prompt_tools
+    from reinforge.config.schema import RolloutConfig
+    from reinforge.data import RLDataset
+
+    tok = build_char_tokenizer()
+    tok.add_special_tokens({"additional_special_tokens": ["<|im_start|>", "<|im_end|>"]})
+    tok.chat_template = HERMES_TEMPLATE
+    tok.eos_token = "<|im_end|>"
+    calc = Tool("calc", "arithmetic", {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
+                fn=lambda expr: str(eval(expr)))  # noqa: S307 - fixed test inputs
+    path = tmp_path / "rows.jsonl"
+    user = {"role": "user", "content": "2*3?"}
+    path.write_text(json.dumps({"prompt": [user], "ground_truth": "6"}) + "\n")
+    r = RolloutConfig(max_turns=3, tool_parser="hermes", tools=[f"python:{__file__}:CALC_FOR_HERMES"])
+    item = RLDataset(str(path), tok, max_prompt_length=512, tools=prompt_tools(r))[0]
+    assert '"name": "calc"' in item["prompt_text"] and item["prompt_text"].endswith("<|im_start|>assistant\n")
+    call = '<tool_call>{"name": "calc", "arguments": {"expr": "2*3"}}</tool_call>'
+    script = lambda ctx: _enc(tok, call + "<|im_end|>" if "tool_response" not in ctx else "6<|im_end|>")  # noqa: E731
+    batch = prompts_batch([{**item, "extra": {}}], 0)
+    out = AgentRollout(Scripted(tok, script, P=len(item["prompt_ids"]), T=200), tok, max_turns=3,
+                       parser=get_parser("hermes"), tools={"calc": calc}).generate(batch, n=1)
+    t = out["trajectory"][0]
+    assert (t["turns"], t["tool_calls"], t["tool_errors"]) == (2, 1, 0) and t["messages"][1]["content"] == "6"
+    valid = out["attention_mask"][0, len(item["prompt_ids"]):].bool()
+    episode = tok.decode(item["prompt_ids"] + out["responses"][0][valid].tolist(), skip_special_tokens=False)
+    conv = [user, {"role": "assistant", "content": call}, {"role": "tool", "content": "6"},
+            {"role": "assistant", "content": "6"}]
+    rendered = tok.apply_chat_template(conv, tools=[calc.schema()], tokenize=False)
+    assert episode == rendered.rstrip("\n")
+    gen = out["response_mask"][0][valid].bool()
+    generated = tok.decode(out["responses"][0][valid][gen].tolist(), skip_special_tokens=False)
+    # the calling turn stops at </tool_call>: its <|im_end|> is the observation's first token
+    assert generated == call + "6<|im_end|>"
+
+
+CALC_FOR_HERMES = Tool("calc", "arithmetic", {"type": "object", "properties": {"expr": {"type": "string"}},
+                                              "required": ["expr"]}, fn=lambda expr: "unused")
