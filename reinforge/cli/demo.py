@@ -57,22 +57,24 @@ def make_inputs(out: Path, quick: bool, seed: int) -> tuple[dict, dict]:
     return paths, task
 
 
-def run_sft(out: Path, paths: dict, seed: int, extra: list[str]) -> Path:
-    """SFT of out/model on the SFT pairs (presets/demo_sft.yaml + `extra` overrides); returns the base."""
+def run_sft(out: Path, paths: dict, seed: int, extra: list[str], preset: str = "demo_sft", name: str = "sft") -> Path:
+    """SFT of out/model on the SFT pairs (presets/<preset>.yaml + `extra` overrides) in out/<name>;
+    returns the base."""
     from reinforge.config.load import load_config
     from reinforge.config.sft import SFTConfig
     from reinforge.trainers.sft import SFTTrainer
 
-    overrides = [f"model.path={out / 'model'}", f"data.train_files=[{paths['sft']}]", f"trainer.run_dir={out / 'sft'}",
+    overrides = [f"model.path={out / 'model'}", f"data.train_files=[{paths['sft']}]", f"trainer.run_dir={out / name}",
                  *trainer_seeds(seed)]
-    cfg = load_config(SFTConfig, "demo_sft", overrides + extra)
-    SFTTrainer(cfg).fit(overwrite=True)  # replaces a previous demo's SFT run; writes out/sft/config.yaml
-    return out / "sft" / "hf"
+    cfg = load_config(SFTConfig, preset, overrides + extra)
+    SFTTrainer(cfg).fit(overwrite=True)  # replaces a previous demo's SFT run; writes out/<name>/config.yaml
+    return out / name / "hf"
 
 
-def run_rl(out: Path, base: Path, paths: dict, seed: int, extra: list[str]) -> tuple[dict, dict]:
-    """GRPO from `base` (presets/demo_grpo.yaml + `extra` overrides); returns (validation metrics
-    at step 0 = the base, final metrics)."""
+def run_rl(out: Path, base: Path, paths: dict, seed: int, extra: list[str],
+           preset: str = "demo_grpo") -> tuple[dict, dict]:
+    """GRPO from `base` (presets/<preset>.yaml + `extra` overrides) in out/grpo; returns
+    (validation metrics at step 0 = the base, final metrics)."""
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.trainers.rl import RLTrainer
@@ -80,14 +82,14 @@ def run_rl(out: Path, base: Path, paths: dict, seed: int, extra: list[str]) -> t
     run_dir = out / "grpo"
     overrides = [f"model.path={base}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['test']}]",
                  f"trainer.run_dir={run_dir}", *trainer_seeds(seed)]
-    cfg = load_config(RLConfig, "demo_grpo", overrides + extra)
+    cfg = load_config(RLConfig, preset, overrides + extra)
     final = RLTrainer(cfg).fit(overwrite=True)  # replaces a previous demo's RL run; writes run_dir/config.yaml
     rows = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     before = next(r for r in rows if r["step"] == 0)
     return before, final
 
 
-def _val(m: dict) -> dict:
+def val_metrics(m: dict) -> dict:
     return {k[4:]: v for k, v in m.items() if k.startswith("val/") and k.count("/") == 1}
 
 
@@ -108,6 +110,10 @@ def main(args) -> int:
 
     before = torch.get_num_threads()
     try:
+        if getattr(args, "task", "arithmetic") == "calculator":
+            from reinforge.cli.demo_calculator import run_calculator_demo
+
+            return run_calculator_demo(args, _threads())
         return run_demo(args, _threads())
     finally:
         torch.set_num_threads(before)  # in-process callers (tests) keep their setting
@@ -141,8 +147,8 @@ def run_demo(args, threads: int) -> int:
     before, final = run_rl(out, base, paths, args.seed, QUICK_RL if args.quick else [])
     times["rl"] = time.perf_counter() - t
     times["total"] = time.perf_counter() - t_all
-    report = {"task": task, "seed": args.seed, "quick": args.quick, "torch_threads": threads, "base": _val(before),
-              "rl": _val(final), "time_s": times, "base_model": str(base), "rl_run_dir": str(out / "grpo"), "rl_model": str(out / "grpo" / "hf")}
+    report = {"task": task, "seed": args.seed, "quick": args.quick, "torch_threads": threads, "base": val_metrics(before),
+              "rl": val_metrics(final), "time_s": times, "base_model": str(base), "rl_run_dir": str(out / "grpo"), "rl_model": str(out / "grpo" / "hf")}
     report["delta_acc_greedy"] = report["rl"]["acc_greedy"] - report["base"]["acc_greedy"]
     (out / "demo_report.json").write_text(json.dumps(report, indent=2))
     print("\n" + format_table(report))

@@ -204,7 +204,11 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("demo", help="the main job: data -> SFT -> GRPO on a built-in task, on CPU")
     p.add_argument("--quick", action="store_true", help="a few steps only (used by the tests)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, model init, SFT and RL (make demo: 0)")
-    p.add_argument("--out", default=None, help="default runs/demo (seed 0) or runs/demo_seed<K>")
+    p.add_argument("--out", default=None, help="default runs/demo (seed 0) or runs/demo_seed<K>; "
+                   "runs/demo_calculator[_seed<K>] for --task calculator")
+    p.add_argument("--task", choices=["arithmetic", "calculator"], default="arithmetic",
+                   help="arithmetic: 2-digit addition (make demo); calculator: 3-digit x 2-digit products "
+                        "with the calculator tool (docs/agents.md)")
     p.set_defaults(fn=_lazy("reinforge.cli.demo:main"))
     return ap
 

@@ -64,3 +64,21 @@ def test_guess_number_sft_rows_end_each_turn_with_eos(tmp_path):
         trained = "".join(t if m else "_" for t, m in zip(tok.convert_ids_to_tokens(item["input_ids"]), item["loss_mask"]))
         assert text.endswith("<eos>") and "<r>" not in trained  # observations are context
         assert trained.count("<eos>") == text.count("<eos>") <= 5  # every turn, EOS included, is a target
+
+
+def test_calculator_demo_inputs_and_table(tmp_path):
+    from reinforge.cli.demo_calculator import format_table, make_inputs
+
+    paths, task = make_inputs(tmp_path, quick=True, seed=2)
+    assert task["data_seed"] == 2 and (tmp_path / "model" / "config.json").exists()
+    plain, sft = load_rows(paths["plain"]), load_rows(paths["sft"])
+    # the no-tool baseline learns the same prompts, answered without a call
+    assert [r["prompt"] for r in plain] == [r["prompt"][0]["content"] for r in sft]
+    for r in plain:
+        a, b = map(int, r["prompt"].rstrip("=").split("*"))
+        assert r["response"] == str(a * b)
+    report = {"no_tools": {"acc_greedy": 0.0}, "base": {"acc_greedy": 0.5, "acc_sampled": 0.25},
+              "rl": {"acc_greedy": 0.75, "acc_sampled": 0.5}, "time_s": {"total": 1.0}}
+    table = format_table(report).splitlines()
+    assert table[1].split() == ["acc_greedy", "0.000", "0.500", "0.750"]
+    assert table[2].split() == ["acc_sampled", "-", "0.250", "0.500"]
