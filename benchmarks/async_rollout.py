@@ -93,6 +93,98 @@ def bench(args) -> None:
     print(timing_table(rows))
 
 
+def _overlap_parts(n_prompts: int = 32, n: int = 8):
+    """The demo's model, a LeanRollout on it and its prompts (demo task shape)."""
+    from reinforge.models.tiny import make_tiny_model
+    from reinforge.tasks import build_char_tokenizer
+    from reinforge.trainers.validation import prompts_batch
+    from reinforge.workers.rollout.lean import LeanRollout
+
+    tok = build_char_tokenizer()
+    model = make_tiny_model(tok, seed=0)
+    rollout = LeanRollout(model, tok, max_prompt_length=8, max_response_length=5, ignore_eos=True)
+    items = [{"prompt_ids": tok(f"{i}+{i}=")["input_ids"], "prompt_text": "", "ground_truth": ""} for i in range(n_prompts)]
+    return model, rollout, prompts_batch(items, 0), n
+
+
+def _gen_job(iters: int):
+    """Set up, then return the timed part: `iters` rollouts of the demo's shape."""
+    import torch
+
+    torch.set_num_threads(1)
+    _, rollout, prompts, n = _overlap_parts()
+    return lambda: [rollout.generate(prompts, n=n) for _ in range(iters)]
+
+
+def _update_job(iters: int):
+    """Set up, then return the timed part: `iters` forward + backward + AdamW steps on a rollout batch."""
+    import torch
+
+    from reinforge.models.forward import response_logprobs
+
+    torch.set_num_threads(1)
+    model, rollout, prompts, n = _overlap_parts()
+    batch = rollout.generate(prompts, n=n)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-5)
+
+    def run():
+        for _ in range(iters):
+            logp, _ = response_logprobs(model, batch["input_ids"], batch["attention_mask"], 5)
+            logp.sum().backward()
+            opt.step()
+            opt.zero_grad()
+    return run
+
+
+def _worker(job, iters: int, barrier) -> None:
+    run = job(iters)
+    barrier.wait()  # timing starts when both workers are set up
+    run()
+
+
+def overlap(args) -> None:
+    """Generation and an update loop of the demo's shape, one after the other, in two threads of one
+    process (as the producer does) and in two processes: wall seconds of the work (set-up, and a
+    process's start, not counted), medians of --rounds."""
+    import multiprocessing
+    import threading
+
+    def concurrent(start, make_barrier):
+        barrier = make_barrier(3)
+        workers = [start(_gen_job, args.gen_iters, barrier), start(_update_job, args.steps, barrier)]
+        barrier.wait()
+        t0 = time.perf_counter()
+        [w.join() for w in workers]
+        return time.perf_counter() - t0
+
+    def thread(job, iters, barrier):
+        t = threading.Thread(target=_worker, args=(job, iters, barrier))
+        t.start()
+        return t
+
+    ctx = multiprocessing.get_context("spawn")
+
+    def process(job, iters, barrier):
+        p = ctx.Process(target=_worker, args=(job, iters, barrier))
+        p.start()
+        return p
+
+    def sequential():
+        gen, update = _gen_job(args.gen_iters), _update_job(args.steps)
+        t0 = time.perf_counter()
+        gen()
+        update()
+        return time.perf_counter() - t0
+
+    times = {"sequential": [], "2 threads": [], "2 processes": []}
+    runs = (sequential, lambda: concurrent(thread, threading.Barrier), lambda: concurrent(process, ctx.Barrier))
+    for _ in range(args.rounds):
+        for name, fn in zip(times, runs):
+            times[name].append(fn())
+    for name, ts in times.items():
+        print(f"{name:<14}{statistics.median(ts):>8.2f} s  ({', '.join(f'{t:.2f}' for t in ts)})")
+
+
 def learn(args) -> None:
     import torch
 
@@ -120,9 +212,11 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="times each setting runs, taking turns")
     ap.add_argument("--two-threads", action="store_true", help="also time the synchronous loop on 2 threads")
     ap.add_argument("--learn", action="store_true", help="the learning check instead of timing")
+    ap.add_argument("--overlap", action="store_true", help="thread vs process overlap of generation and update")
+    ap.add_argument("--gen-iters", type=int, default=8, help="generation rounds (--overlap)")
     ap.add_argument("--seeds", type=int, nargs="*", default=[0])
     args = ap.parse_args()
-    learn(args) if args.learn else bench(args)
+    learn(args) if args.learn else overlap(args) if args.overlap else bench(args)
 
 
 if __name__ == "__main__":
