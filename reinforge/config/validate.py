@@ -248,6 +248,6 @@ def validate(cfg: RLConfig) -> RLConfig:
 
         check_vllm_available(d["device"])
     cfg.reward.functions = normalize_reward_functions(cfg.reward.functions, "reward.functions")
-    need(bool(cfg.reward.functions) or cfg.reward.reward_model_path,
+    need(bool(cfg.reward.functions) or cfg.reward.reward_model_path or (r.max_turns > 1 and r.env),
          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
     return cfg

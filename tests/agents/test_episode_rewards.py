@@ -102,3 +102,13 @@ def test_agent_config_errors(tiny_model_dir, arith_data, tmp_path, overrides, ne
     with pytest.raises(ConfigError) as err:
         preflight(load_config(RLConfig, "grpo", base + overrides))
     assert needle in str(err.value)
+
+
+def test_an_environment_alone_may_score_episodes(tiny_model_dir, arith_data, tmp_path):
+    from reinforge.config.validate import validate
+
+    base = [f"model.path={tiny_model_dir}", f"data.train_files=[{arith_data['train']}]", "data.max_prompt_length=8",
+            "rollout.max_response_length=16", "reward.functions=[]"]
+    validate(load_config(RLConfig, "grpo", base + ["rollout.max_turns=3", "rollout.env=guess_number"]))
+    with pytest.raises(ConfigError, match="nothing scores the responses"):
+        validate(load_config(RLConfig, "grpo", base + ["rollout.max_turns=3", "rollout.tools=[calculator]"]))
