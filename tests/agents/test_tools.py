@@ -107,3 +107,28 @@ def test_python_tool_reports_output_and_errors():
     assert python_tool("print(6*7)") == "42\n"
     with pytest.raises(ToolFailure, match="ZeroDivisionError"):
         python_tool("print('before'); 1/0")
+
+
+def test_docs_example_tool_and_environment_work(tmp_path):
+    """docs/agents.md's user-defined tool and environment, loaded as the config names them; a
+    tool that raises answers the policy with an error result instead of stopping the run."""
+    import re
+    from pathlib import Path
+
+    from reinforge.agents.base import ToolCall
+    from reinforge.agents.envs import load_env
+    from reinforge.agents.executor import run_tool_calls
+
+    doc = (Path(__file__).resolve().parents[2] / "docs" / "agents.md").read_text()
+    (tmp_path / "my_agents.py").write_text(re.search(r"```python\n(.*?)```", doc, re.S).group(1))
+    tools = load_tools([f"python:{tmp_path}/my_agents.py:lookup", "calculator"])
+    assert tools["lookup"].parameters["required"] == ["country"]
+    results = run_tool_calls([ToolCall("lookup", {"country": "France"}), ToolCall("lookup", {"country": "Mars"}),
+                              ToolCall("calculator", {"expression": "1/0"})], tools)
+    assert results[0].text == "Paris" and not results[0].error
+    assert results[1].error and results[1].text.startswith("error: KeyError") and "mars" in results[1].text
+    assert results[2].error and "division by zero" in results[2].text
+    env = load_env(f"python:{tmp_path}/my_agents.py:Echo")()
+    assert env.reset({"reward_model": {"ground_truth": "hi"}}) == "say hi: "
+    first, second = env.step("ho"), env.step("hi")
+    assert (first.reward, first.done, second.reward, second.done) == (0.0, False, 1.0, True)
