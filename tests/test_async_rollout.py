@@ -106,6 +106,36 @@ def test_resume_point_continues_with_the_first_untaken_prompt():
     assert again["prompt_text"] == expected and again["group_ids"][0] == 6
 
 
+def test_dynamic_sampling_takes_only_the_missing_groups():
+    """Groups with an even uid score alike (uninformative): each step keeps the next 4 odd ones,
+    taking the missing count each round, so the following step starts right after them."""
+    from reinforge.trainers.logging import Timer
+
+    def score(rows: Batch):
+        g = rows["group_ids"]
+        varied = torch.arange(len(g)) % 2 * (g % 2)  # odd groups: 0, 1 within each pair of rows
+        return Batch({"seq_scores": varied.float()}), {"reward/mean": 0.0}
+
+    p = _producer(FakeRollout(), PromptLoader(_items(64), batch_size=4, seed=0), staleness=2)
+    try:
+        kw = dict(want=4, n=2, dynamic=True, max_rounds=3)
+        batch, m, _ = async_rollout.collect(p, score, Timer(), **kw)
+        assert batch["group_ids"].view(-1, 2)[:, 0].tolist() == [1, 3, 5, 7]
+        assert m["dynamic_sampling/batch_fill"] == 1.0 and m["dynamic_sampling/kept_ratio"] == 0.5
+        # takes of the missing count, each ending at a chunk's end (chunks of 3 in rounds of 4):
+        # groups 0-2, 3, 4-5, 6, 7
+        assert m["dynamic_sampling/gen_rounds"] == 5
+        batch, _, _ = async_rollout.collect(p, score, Timer(), **kw)
+        assert batch["group_ids"].view(-1, 2)[:, 0].tolist() == [9, 11, 13, 15]
+        # the budget: at most max_rounds x want groups seen, then what was kept
+        batch, m, _ = async_rollout.collect(p, lambda rows: (Batch({"seq_scores": torch.zeros(len(rows))}), {}),
+                                            Timer(), **kw)
+        assert len(batch) == 0 and m["dynamic_sampling/kept_ratio"] == 0.0
+        assert p.resume_point().uid == 16 + 12
+    finally:
+        p.stop()
+
+
 def test_producer_error_reaches_the_trainer_and_stop_is_clean():
     loader = PromptLoader(_items(8), batch_size=4, seed=0)
     p = _producer(FakeRollout(fail_after=1), loader)
