@@ -35,6 +35,7 @@ Shapes: c prompts a chunk, n samples each, B = data.train_batch_size prompts a s
 from __future__ import annotations
 
 import copy
+import sys
 import threading
 import time
 from collections import deque
@@ -135,13 +136,16 @@ class AsyncProducer:
             return self._next_start()
 
     def stop(self) -> None:
-        """Stop after the chunk in progress; raises if the thread does not end within STOP_TIMEOUT_S."""
+        """Stop after the chunk in progress. A chunk still running after STOP_TIMEOUT_S is left to
+        the process's exit (a daemon thread) with a warning, rather than an error that would hide
+        the exception the run may be unwinding from."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
         self.thread.join(STOP_TIMEOUT_S)
         if self.thread.is_alive():
-            raise RuntimeError(f"the asynchronous rollout producer did not stop within {STOP_TIMEOUT_S:.0f} s")
+            print(f"[reinforge] warning: the asynchronous rollout producer did not stop within {STOP_TIMEOUT_S:.0f} s",
+                  file=sys.stderr)
 
     # ---- producer side -----------------------------------------------------------------------
     def _next_start(self) -> Start:
