@@ -28,7 +28,7 @@ SETTINGS = {  # name -> (torch intra-op threads, overrides); async: the producer
     "staleness 1, 1+1 threads": (1, ["rollout.staleness=1"]),
 }
 # Two intra-op threads for the synchronous loop: fair on an idle 2-core machine, but on a busy
-# one they spin-wait on each other (37-44 s a step here where one thread took ~3 s), so opt-in.
+# one they spin-wait on each other (37-56 s a step here where one thread took ~9 s), so opt-in.
 TWO_THREADS = {"sync, 2 threads": (2, ["rollout.staleness=0"])}
 QUIET = ["trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.report=false"]
 
