@@ -15,7 +15,7 @@ from reinforge.config.schema import RLConfig  # noqa: E402
 from reinforge.config.validate import validate  # noqa: E402
 from reinforge.seeding import seed_everything  # noqa: E402
 from tests.conftest import ragged_batch, rl_overrides  # noqa: E402
-from tests.distributed.test_ray_group import _full_state, ray_cluster  # noqa: E402, F401  (fixture)
+from tests.distributed.test_ray_group import _full_state  # noqa: E402  (sent to the ranks by value)
 
 
 def _prompts(arith_data, tok, cfg, k: int):

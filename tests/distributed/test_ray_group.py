@@ -11,6 +11,8 @@ import pytest
 import torch
 
 ray = pytest.importorskip("ray")
+# Its functions run in the rank processes, which cannot import this module: send them by value.
+ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 from reinforge.config.load import load_config  # noqa: E402
 from reinforge.config.schema import RLConfig  # noqa: E402
@@ -18,20 +20,9 @@ from reinforge.config.validate import validate  # noqa: E402
 from reinforge.protocol import Batch  # noqa: E402
 from reinforge.seeding import seed_everything  # noqa: E402
 from tests.conftest import ragged_batch, rl_overrides  # noqa: E402
-import tests.grad_check  # noqa: E402
 from tests.grad_check import assert_same_steps, record_steps  # noqa: E402
 
 TOL = 1e-5
-
-
-@pytest.fixture(scope="module")
-def ray_cluster():
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
-    # The rank processes cannot import the test modules: functions sent to them travel by value.
-    for module in (tests.grad_check, sys.modules[__name__]):
-        ray.cloudpickle.register_pickle_by_value(module)
-    yield
-    ray.shutdown()
 
 
 def _cfg(model_dir, data, run_dir, **extra):
