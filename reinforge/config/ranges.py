@@ -43,7 +43,11 @@ RANGES: dict[str, dict[str, str]] = {
     "AlgorithmConfig": dict(gamma=UNIT, lam=UNIT, lam_critic=UNIT, length_adaptive_alpha=POS, kl_coef=NONNEG,
                             target_kl=POS, kl_horizon=SIZE, max_gen_rounds=SIZE, overlong_buffer_len=COUNT,
                             overlong_penalty_factor=NONNEG, value_pretrain_steps=COUNT),
-    "RewardConfig": dict(num_workers=COUNT, timeout_s=POS, default_score="(-inf, inf)", max_error_rate=UNIT),
+    "RewardConfig": dict(num_workers=COUNT, timeout_s=POS, default_score="(-inf, inf)", max_error_rate=UNIT,
+                         clip_min="(-inf, inf)", clip_max="(-inf, inf)"),
+    "LengthPenaltyConfig": dict(coef=NONNEG, free_tokens=COUNT),
+    "FormatConfig": dict(score=NONNEG, penalty=NONNEG),
+    "JudgeConfig": dict(max_new_tokens=SIZE, score_scale=POS, batch_size=SIZE, max_length=COUNT),
     "TrainerConfig": dict(total_steps=SIZE, nnodes=SIZE, devices_per_node=SIZE, pass_k="each [1, inf)",
                           log_samples_every=COUNT),
     # reinforge/config/sft.py

@@ -235,6 +235,65 @@ class AlgorithmConfig:
 
 
 @dataclass
+class LengthPenaltyConfig:
+    kind: str = "none"
+    """none; kimi (Kimi k1.5: in each prompt's group, lambda = 0.5 - (L - L_min) / (L_max - L_min)
+    over response tokens L; a correct response adds coef * lambda, an incorrect one
+    coef * min(0, lambda)); per_token (-coef per response token beyond free_tokens)."""
+    coef: float = 0.1
+    """Weight of the length term (kimi), or the penalty per token (per_token)."""
+    free_tokens: int = 0
+    """per_token: response tokens that cost nothing."""
+
+
+@dataclass
+class FormatConfig:
+    check: str = ""
+    """"" (off), a built-in checker (think, think_answer, boxed) or "re:<regex>" that the whole
+    response must match (Python re.fullmatch, DOTALL)."""
+    score: float = 0.1
+    """Added to the score of a well-formed response."""
+    penalty: float = 0.0
+    """Subtracted from the score of an ill-formed response."""
+
+
+DEFAULT_JUDGE_TEMPLATES = {
+    "prob": ("Question: {prompt}\nReference answer: {ground_truth}\nResponse: {response}\n"
+             "Is the response correct? Answer Yes or No."),
+    "generate": ("Question: {prompt}\nReference answer: {ground_truth}\nResponse: {response}\n"
+                 "Rate the response from 0 (wrong) to 10 (fully correct). Reply with the number only."),
+}
+
+
+@dataclass
+class JudgeConfig:
+    model_path: Optional[str] = None
+    """Causal-LM folder of the judge that scores responses as the reward function named `judge`
+    in reward.functions."""
+    template: str = ""
+    """The judge's prompt, with {prompt}, {response} and {ground_truth} placeholders ({{ and }}
+    for literal braces); "" uses the built-in one for `mode`."""
+    mode: str = "prob"
+    """prob: score = P(verdicts[0]) / (P(verdicts[0]) + P(verdicts[1])) over the judge's next
+    token (exact, no sampling); generate: greedy generation, the first number in it divided by
+    score_scale and clipped to [0, 1] (0 when there is none)."""
+    verdicts: list = field(default_factory=lambda: ["Yes", "No"])
+    """prob: the [positive, negative] verdict strings; each is read at its first token."""
+    chat_template: bool = True
+    """Wrap the filled template in the judge tokenizer's chat template (as a user turn) when it has one."""
+    max_new_tokens: int = 8
+    """generate: tokens generated per response."""
+    score_scale: float = 10.0
+    """generate: the parsed number is divided by this."""
+    batch_size: int = 8
+    """Responses per judge forward pass (or generate call)."""
+    max_length: int = 0
+    """Longest judge input in tokens (0: the judge's max_position_embeddings, less max_new_tokens
+    in generate mode); a longer one keeps its last max_length tokens (the question to the judge
+    sits at the end)."""
+
+
+@dataclass
 class RewardConfig:
     functions: list = field(default_factory=lambda: [{"name": "exact_match", "weight": 1.0}])
     """Reward functions: [{name: built-in | module:fn | file.py:fn, weight: float, style:
@@ -251,6 +310,16 @@ class RewardConfig:
     """Score given when a function raises or times out."""
     max_error_rate: float = 0.5
     """Stop the run when more than this fraction of a batch's calls fail."""
+    judge: JudgeConfig = field(default_factory=JudgeConfig)
+    """The generative reward model (LLM-as-judge) that the reward.functions entry `judge` calls."""
+    length_penalty: LengthPenaltyConfig = field(default_factory=LengthPenaltyConfig)
+    """Length shaping added to the score (docs/rewards.md, "Reward shaping")."""
+    format: FormatConfig = field(default_factory=FormatConfig)
+    """Format bonus/penalty added to the score (off unless format.check is set)."""
+    clip_min: Optional[float] = None
+    """Lower bound of the shaped score (after every shaping term); None: none."""
+    clip_max: Optional[float] = None
+    """Upper bound of the shaped score; None: none."""
 
 
 @dataclass

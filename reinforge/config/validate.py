@@ -250,4 +250,55 @@ def validate(cfg: RLConfig) -> RLConfig:
     cfg.reward.functions = normalize_reward_functions(cfg.reward.functions, "reward.functions")
     need(bool(cfg.reward.functions) or cfg.reward.reward_model_path or (r.max_turns > 1 and r.env),
          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
+    check_reward_shaping(cfg.reward)
+    check_judge(cfg.reward)
     return cfg
+
+
+def check_reward_shaping(rw) -> None:
+    """reward.length_penalty, reward.format and the clip bounds (docs/rewards.md, "Reward shaping")."""
+    from reinforge.rewards.shaping import LENGTH_PENALTIES, format_checker
+
+    check_choice(rw.length_penalty.kind, LENGTH_PENALTIES, "reward.length_penalty.kind")
+    if rw.format.check:
+        try:
+            format_checker(rw.format.check)
+        except ValueError as exc:
+            raise ConfigError(f"reward.format.check: {exc}") from None
+    need(rw.clip_min is None or rw.clip_max is None or rw.clip_min < rw.clip_max,
+         f"reward.clip_min={rw.clip_min} must be below reward.clip_max={rw.clip_max}")
+
+
+def check_judge(rw) -> None:
+    """The reward.judge section, when reward.functions names `judge`: a model folder, a mode, two
+    distinct verdicts and a template whose placeholders are known."""
+    from reinforge.rewards.judge import JUDGE_MODES, JUDGE_NAME, check_template
+
+    used = any(f["name"] == JUDGE_NAME for f in rw.functions)
+    need(not any(f["name"] == JUDGE_NAME and "style" in f for f in rw.functions),
+         f"reward.functions: the '{JUDGE_NAME}' entry takes no style (it is called as a batched reinforge function)")
+    j = rw.judge
+    if not used:
+        need(not j.model_path, f"reward.judge.model_path is set but no reward.functions entry is "
+                               f"'{JUDGE_NAME}': add {{name: {JUDGE_NAME}, weight: 1.0}} to use the judge")
+        return
+    need(bool(j.model_path), f"reward.functions names '{JUDGE_NAME}': set reward.judge.model_path to the "
+                             "judge's causal-LM folder")
+    check_model_path(j.model_path, "reward.judge.model_path")
+    check_choice(j.mode, JUDGE_MODES, "reward.judge.mode")
+    verdicts = list(j.verdicts)
+    need(not any(isinstance(v, bool) for v in verdicts),
+         f"reward.judge.verdicts={verdicts!r}: YAML reads Yes/No/On/Off as booleans; quote the verdicts, "
+         """e.g. 'reward.judge.verdicts=["Yes", "No"]'""")
+    need(len(verdicts) == 2 and all(isinstance(v, str) and v for v in verdicts) and verdicts[0] != verdicts[1],
+         f"reward.judge.verdicts={verdicts!r}: give two different non-empty strings, [positive, negative]")
+    try:
+        check_template(j.template)
+    except ValueError as exc:
+        raise ConfigError(f"reward.judge.template: {exc}") from None
+    max_pos = model_max_positions(j.model_path)
+    new = j.max_new_tokens if j.mode == "generate" else 0
+    longest = (j.max_length or 1) + new  # max_length 0: whatever the judge's positions leave, at least 1
+    need(max_pos is None or longest <= max_pos,
+         f"reward.judge.max_length + reward.judge.max_new_tokens = {longest} exceeds the judge's "
+         f"max_position_embeddings = {max_pos}")

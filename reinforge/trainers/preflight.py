@@ -41,6 +41,7 @@ def model_folders(cfg) -> list[tuple[str, str]]:
         out["critic.model_path"] = cfg.critic.model_path
     if hasattr(cfg, "reward"):
         out["reward.reward_model_path"] = cfg.reward.reward_model_path
+        out["reward.judge.model_path"] = cfg.reward.judge.model_path  # set only when `judge` is used (validate)
     if hasattr(cfg, "dpo"):
         out["dpo.ref_model_path"] = cfg.dpo.ref_model_path
     return [(k, v) for k, v in out.items() if v]
@@ -99,11 +100,12 @@ def preflight(cfg):
     else:
         check_tokenizer_files(m.path, "model.path", m.trust_remote_code,
                               fix="copy the tokenizer files into it or set model.tokenizer_path")
-    rm_path = dict(folders).get("reward.reward_model_path")
-    if rm_path:  # the reward model reads text with its own tokenizer
-        check_tokenizer_files(rm_path, "reward.reward_model_path")
+    for key in ("reward.reward_model_path", "reward.judge.model_path"):
+        if dict(folders).get(key):  # the reward model and the judge read text with their own tokenizers
+            check_tokenizer_files(dict(folders)[key], key)
     for key, spec, style in reward_functions(cfg):
-        check_reward_function(spec, key, style)
+        if not (hasattr(cfg, "reward") and spec == "judge"):  # the judge: reward.judge, checked above
+            check_reward_function(spec, key, style)
     if hasattr(cfg, "rollout") and cfg.rollout.max_turns > 1:
         from reinforge.agents.loop import agent_parts
 
