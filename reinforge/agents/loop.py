@@ -203,7 +203,8 @@ class AgentRollout:
                                                               self.tok.decode(turn, skip_special_tokens=False)))
             return []
         ep.turn_rewards.append(0.0)
-        calls = self.parser.parse(text, ep.tools) if ep.tools else []
+        # Parsed with special tokens kept: a template may make <tool_call> a special token.
+        calls = self.parser.parse(self.tok.decode(turn, skip_special_tokens=False), ep.tools) if ep.tools else []
         if not calls:  # a final answer, or the budget ran out mid-answer
             ep.done = True
             if not ended and left <= 0:
