@@ -44,7 +44,10 @@ def _precheck(call: ToolCall, tools: dict[str, Tool]) -> str | None:
 
 def run_tool_calls(calls: list[ToolCall], tools: dict[str, Tool] | list[dict[str, Tool]]) -> list[ToolResult]:
     """One ToolResult per call, in order; all valid calls run at once. `tools`: the tools every
-    call may use, or one such dict per call (episodes of one batch may have different tools)."""
+    call may use, or one such dict per call (episodes of one batch may have different tools).
+    An exception's text is `Type: message`, a ToolFailure's its message alone (the tool's words)."""
+    from reinforge.agents.tools import ToolFailure
+
     per_call = tools if isinstance(tools, list) else [tools] * len(calls)
     results: list[ToolResult | None] = [None] * len(calls)
     threads: list[tuple[int, threading.Thread, dict]] = []
@@ -61,7 +64,7 @@ def run_tool_calls(calls: list[ToolCall], tools: dict[str, Tool] | list[dict[str
             try:
                 box["value"] = fn(**args)
             except BaseException as exc:  # noqa: BLE001 - any failure goes back to the policy as text
-                box["error"] = f"{type(exc).__name__}: {exc}"
+                box["error"] = str(exc) if isinstance(exc, ToolFailure) else f"{type(exc).__name__}: {exc}"
             box["latency"] = time.monotonic() - t0
 
         thread = threading.Thread(target=target, name=f"tool-{call.name}", daemon=True)

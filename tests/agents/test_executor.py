@@ -5,6 +5,7 @@ import time
 
 from reinforge.agents.base import Tool, ToolCall
 from reinforge.agents.executor import run_tool_calls
+from reinforge.agents.tools import ToolFailure
 
 SCHEMA = {"type": "object", "properties": {"x": {"type": "string"}}, "required": ["x"]}
 
@@ -18,7 +19,12 @@ def _boom(x: str) -> str:
     raise RuntimeError("kaput " + "z" * 500)
 
 
+def _refuse(x: str) -> str:
+    raise ToolFailure("no such page")
+
+
 TOOLS = {"sleep": Tool("sleep", "sleeps", SCHEMA, _sleepy, timeout_s=0.6),
+         "refuse": Tool("refuse", "fails in its own words", SCHEMA, _refuse),
          "boom": Tool("boom", "raises", SCHEMA, _boom),
          "num": Tool("num", "returns a number", SCHEMA, lambda x: 42)}
 
@@ -43,11 +49,12 @@ def test_every_failure_is_an_error_result():
     assert [r.error for r in out] == [True] * 6 + [False]
     assert out[0].text == "error: sleep timed out after 0.6s"
     assert out[1].text.startswith("error: RuntimeError: kaput z") and len(out[1].text) < 220
-    assert "unknown tool 'nope'" in out[2].text and "tools: sleep, boom, num" in out[2].text
+    assert "unknown tool 'nope'" in out[2].text and "tools: sleep, refuse, boom, num" in out[2].text
     assert "missing argument 'x'" in out[3].text
     assert "unknown argument 'y'" in out[4].text
     assert out[5].text == "error: malformed tool call: bad JSON"
     assert out[6].text == "42"  # a non-string result is shown as its str()
+    assert run_tool_calls([ToolCall("refuse", {"x": ""})], TOOLS)[0].text == "error: no such page"
 
 
 def test_per_call_tool_sets():
