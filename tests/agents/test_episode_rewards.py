@@ -36,6 +36,8 @@ def batched_traj(prompts, responses, ground_truths, extras, trajectories=None):
 
 
 batched_traj.batched = True
+# In-process calls (no worker process to start): these return at once.
+per_turn.bounded = two_turns.bounded = scalar.bounded = True
 
 
 def test_turn_level_scores_by_hand():
