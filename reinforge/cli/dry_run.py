@@ -119,5 +119,15 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
         rewards.append(f"reward model {cfg.reward.reward_model_path}")
     return [_model_line(cfg), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens",
             *_data_lines(command, cfg, tok),
-            f"reward functions: {', '.join(rewards) if rewards else 'none'}",
+            f"reward functions: {', '.join(rewards) if rewards else 'none'}", *_agent_lines(cfg),
             f"trainer.run_dir={run_dir} ({state})"]
+
+
+def _agent_lines(cfg) -> list[str]:
+    """What episodes a run with rollout.max_turns > 1 plays (its tools or environment)."""
+    r = getattr(cfg, "rollout", None)
+    if r is None or r.max_turns == 1:
+        return []
+    what = f"environment {r.env}" if r.env else f"tools {', '.join(map(str, r.tools)) or 'from the rows'} " \
+                                                 f"({r.tool_parser} format)"
+    return [f"episodes: up to {r.max_turns} turns, {r.max_response_length} tokens after the prompt; {what}"]

@@ -114,3 +114,14 @@ def test_an_environment_alone_may_score_episodes(tiny_model_dir, arith_data, tmp
     validate(load_config(RLConfig, "grpo", base + ["rollout.max_turns=3", "rollout.env=guess_number"]))
     with pytest.raises(ConfigError, match="nothing scores the responses"):
         validate(load_config(RLConfig, "grpo", base + ["rollout.max_turns=3", "rollout.tools=[calculator]"]))
+
+
+def test_dry_run_names_the_episodes(tiny_model_dir, arith_data, tmp_path, capsys):
+    from reinforge.cli.main import main
+
+    rc = main(["train", "--config", "grpo", "--dry-run", f"model.path={tiny_model_dir}",
+               f"data.train_files=[{arith_data['train']}]", f"trainer.run_dir={tmp_path / 'r'}", "reward.functions=[auto]",
+               "data.max_prompt_length=8", "rollout.max_response_length=16", "rollout.max_turns=3",
+               "rollout.tools=[calculator]"])
+    assert rc == 0
+    assert "episodes: up to 3 turns, 16 tokens after the prompt; tools calculator (tag format)" in capsys.readouterr().out
