@@ -18,7 +18,8 @@ single-turn rollout's (reinforge.workers.rollout.hf.assemble_rollout) with:
   (max_turns with a call pending, or the budget) before a final answer;
 - non-tensor `trajectory` (B,): one dict an episode, what reward functions receive (keyword
   `trajectory`) and the agent metrics read: messages ({"role": "assistant" | "tool" | "user",
-  "content"}), turns, turn_ends (response index of each turn's last generated token),
+  "content"}), calls (turn, name, arguments, error, latency_s of each tool call), turns,
+  turn_ends (response index of each turn's last generated token),
   turn_rewards (an environment's, 0.0 per turn without one), tool_calls, tool_errors,
   tool_latency_s, truncated, budget_exhausted.
 """
@@ -49,6 +50,7 @@ class Episode:
     turn_rewards: list[float] = field(default_factory=list)
     messages: list[dict] = field(default_factory=list)
     last_turn: list[int] = field(default_factory=list)  # the ids of the latest generated turn
+    calls: list[dict] = field(default_factory=list)
     tool_calls: int = 0
     tool_errors: int = 0
     tool_latency_s: float = 0.0
@@ -57,8 +59,8 @@ class Episode:
     budget_exhausted: bool = False
 
     def trajectory(self) -> dict:
-        return {"messages": self.messages, "turns": len(self.turn_ends), "turn_ends": self.turn_ends,
-                "turn_rewards": self.turn_rewards, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
+        return {"messages": self.messages, "calls": self.calls, "turns": len(self.turn_ends),
+                "turn_ends": self.turn_ends, "turn_rewards": self.turn_rewards, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
                 "tool_latency_s": self.tool_latency_s, "truncated": self.truncated,
                 "budget_exhausted": self.budget_exhausted}
 
@@ -241,6 +243,8 @@ class AgentRollout:
                 e.tool_errors += sum(r.error for r in got)
                 e.tool_latency_s += sum(r.latency_s for r in got)
                 msgs = [{"role": "tool", "name": c.name, "content": r.text} for c, r in zip(calls, got)]
+                e.calls += [{"turn": len(e.turn_ends) - 1, "name": c.name, "arguments": c.arguments, "error": r.error,
+                             "latency_s": r.latency_s} for c, r in zip(calls, got)]
                 e.messages += msgs
                 turn_text = self.tok.decode(e.last_turn, skip_special_tokens=False)
                 self._observe(e, self.parser.observation_ids(self.tok, msgs, turn_text))

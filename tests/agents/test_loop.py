@@ -72,6 +72,7 @@ def test_tool_episode_masks_observations_and_records_turns(tok):
         assert (t["turns"], t["turn_ends"], t["tool_calls"], t["tool_errors"]) == (2, [len(call) - 1, L - 1], 1, 0)
         assert [m["role"] for m in t["messages"]] == ["assistant", "tool", "assistant"]
         assert t["messages"][1]["content"] == "ba" and not t["truncated"] and not t["budget_exhausted"]
+        assert [(c["turn"], c["name"], c["arguments"], c["error"]) for c in t["calls"]] == [(0, "rev", {"s": "ab"}, False)]
     assert not out["truncated"].any() and out["group_ids"].tolist() == [0, 0, 1, 1]
     assert eng.calls == [2, 2, 2, 2]  # 4 episodes, 2 turns, micro-batches of 2: one call a turn per micro-batch
 
