@@ -60,8 +60,8 @@ class Episode:
 
     def trajectory(self) -> dict:
         return {"messages": self.messages, "calls": self.calls, "turns": len(self.turn_ends),
-                "turn_ends": self.turn_ends, "turn_rewards": self.turn_rewards, "tool_calls": self.tool_calls, "tool_errors": self.tool_errors,
-                "tool_latency_s": self.tool_latency_s, "truncated": self.truncated,
+                "turn_ends": self.turn_ends, "turn_rewards": self.turn_rewards, "tool_calls": self.tool_calls,
+                "tool_errors": self.tool_errors, "tool_latency_s": self.tool_latency_s, "truncated": self.truncated,
                 "budget_exhausted": self.budget_exhausted}
 
 
