@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field
+from functools import lru_cache
 from typing import Callable
 
 import torch
@@ -73,9 +74,18 @@ class StopScanner:
         self.tok, self.stops = tokenizer, [s for s in stop_strings if s]
         # Tokens hold at least one character, except byte pieces of one character: 4 per char covers both.
         self.window = 4 * max((len(s) for s in self.stops), default=0)
+        self.last_chars = {s[-1] for s in self.stops}
+        self.may_end: dict[int, bool] = {}  # token id -> whether its text can complete a stop string
+
+    def _may_end(self, token: int) -> bool:
+        """Only a token holding a stop string's last character (or a partial byte) can complete one."""
+        if token not in self.may_end:
+            text = self.tok.decode([token], skip_special_tokens=False)
+            self.may_end[token] = "\ufffd" in text or any(c in text for c in self.last_chars)
+        return self.may_end[token]
 
     def hit(self, ids: list[int]) -> bool:
-        if not self.stops or not ids:
+        if not self.stops or not ids or not self._may_end(ids[-1]):
             return False
         text = self.tok.decode(ids[-self.window:], skip_special_tokens=False)
         return any(s in text for s in self.stops)
@@ -122,7 +132,7 @@ class AgentRollout:
 
     inner: a LeanRollout / HFRollout (its continue_ids, P, T, eos_ids, top_k, top_p);
     tools: {name: Tool} for every row (a row's `tools` column of names replaces it, resolved by
-    `resolve_tools`); env_factory: a no-argument factory of Environments (then tool calls are not
+    `resolve_tools`, by default agents.tools.load_tools); env_factory: a no-argument factory of Environments (then tool calls are not
     parsed: the environment answers every turn); parser: an agents.parsers parser."""
 
     def __init__(self, inner, tokenizer, *, max_turns: int, parser, tools: dict[str, Tool] | None = None,
@@ -130,12 +140,20 @@ class AgentRollout:
                  resolve_tools: Callable[[list[str]], dict[str, Tool]] | None = None):
         self.inner, self.tok, self.max_turns, self.parser = inner, tokenizer, max_turns, parser
         self.tools, self.env_factory = tools or {}, env_factory
-        self.resolve_tools = resolve_tools
+        self.resolve_tools = resolve_tools or _cached_load_tools
         self.P, self.T = inner.P, inner.T
         self.eos_ids = set(inner.eos_ids)
+        self.scanners: dict[tuple, StopScanner] = {}
 
     def sync_weights(self, actor_model) -> None:
         self.inner.sync_weights(actor_model)
+
+    def _scanner(self, stop_strings: list[str]) -> StopScanner:
+        """One scanner per set of stop strings for the whole run (it caches per-token answers)."""
+        key = tuple(stop_strings)
+        if key not in self.scanners:
+            self.scanners[key] = StopScanner(self.tok, list(key))
+        return self.scanners[key]
 
     # ---- episodes -------------------------------------------------------------------------
     def _episode(self, prompt_ids: list[int], row: dict) -> Episode:
@@ -168,8 +186,7 @@ class AgentRollout:
         for i in range(0, len(eps), step):
             part = eps[i:i + step]
             stops = TurnStops([self.T - len(e.ids) for e in part],
-                              [StopScanner(self.tok, self.parser.stop_strings(e.tools) if e.env is None else [])
-                               for e in part])
+                              [self._scanner(self.parser.stop_strings(e.tools) if e.env is None else []) for e in part])
             ids, logp = self.inner.continue_ids([e.prompt + e.ids for e in part], max(stops.budgets), greedy=greedy,
                                                 sampling=sampling, stop=stops)
             for row, budget in enumerate(stops.budgets):
@@ -291,17 +308,25 @@ def agent_parts(r) -> tuple[dict[str, Tool], Callable[[], Environment] | None]:
     return tools, env
 
 
-def make_agent_rollout(r, inner, tokenizer) -> AgentRollout:
-    """The AgentRollout of a RolloutConfig around a lean / hf rollout."""
-    from functools import lru_cache
+def _cached_load_tools(names: list[str]) -> dict[str, Tool]:
+    """agents.tools.load_tools, once per list of names."""
+    return _load_tools_once(tuple(names))
 
-    from reinforge.agents.parsers import get_parser
+
+@lru_cache(maxsize=None)
+def _load_tools_once(names: tuple) -> dict[str, Tool]:
     from reinforge.agents.tools import load_tools
 
+    return load_tools(list(names))
+
+
+def make_agent_rollout(r, inner, tokenizer) -> AgentRollout:
+    """The AgentRollout of a RolloutConfig around a lean / hf rollout."""
+    from reinforge.agents.parsers import get_parser
+
     tools, env = agent_parts(r)
-    row_tools = lru_cache(maxsize=None)(lambda names: load_tools(list(names)))
     return AgentRollout(inner, tokenizer, max_turns=r.max_turns, parser=get_parser(r.tool_parser), tools=tools,
-                        env_factory=env, resolve_tools=lambda names: row_tools(tuple(names)))
+                        env_factory=env)
 
 
 def episode_metrics(trajectories: list[dict], prefix: str = "agent/") -> dict[str, float]:
