@@ -132,8 +132,10 @@ class AgentRollout:
 
     inner: a LeanRollout / HFRollout (its continue_ids, P, T, eos_ids, top_k, top_p);
     tools: {name: Tool} for every row (a row's `tools` column of names replaces it, resolved by
-    `resolve_tools`, by default agents.tools.load_tools); env_factory: a no-argument factory of Environments (then tool calls are not
-    parsed: the environment answers every turn); parser: an agents.parsers parser."""
+    `resolve_tools`, by default agents.tools.load_tools); env_factory: a no-argument factory of
+    Environments (then tool calls are not parsed: the environment answers every turn; its
+    reset() text is appended after the prompt, so with hermes it should return "" and the first
+    message belong in the prompt); parser: an agents.parsers parser."""
 
     def __init__(self, inner, tokenizer, *, max_turns: int, parser, tools: dict[str, Tool] | None = None,
                  env_factory: Callable[[], Environment] | None = None,
