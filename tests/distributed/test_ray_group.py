@@ -139,6 +139,7 @@ def test_ray_backend_trains_and_resumes(ray_cluster, tiny_model_dir, arith_data,
     assert all(torch.equal(exported[k], v) for k, v in step3.items())
     RLTrainer(cfg(tmp_path / "b", 2)).fit()
     trainer = RLTrainer(cfg(tmp_path / "b", 3))
+    assert all(p.device.type == "meta" for p in trainer.actor_model.parameters())  # no weights on the driver
     trainer.fit(resume=True)
     steps = [json.loads(x)["step"] for x in (tmp_path / "b" / "metrics.jsonl").read_text().splitlines()]
     assert steps[-1] == 3
