@@ -1,6 +1,6 @@
 """On-policy distillation on the demo's task: the demo's GRPO policy teaches the demo's SFT base.
 
-    python benchmarks/distill_demo.py [--seeds 0 1 2] [--steps 120] [--out runs/distill_demo]
+    python benchmarks/distill_demo.py [--seeds 0 1 2] [--steps 120] [--mode reverse_kl|gkd] [--out runs/distill_demo]
 
 For each seed: `reinforge demo --seed K` (skipped when its folder already holds the RL policy),
 then `--config distill` from the SFT base (runs/demo[_seed<K>]/sft/hf) with the GRPO policy
@@ -30,13 +30,13 @@ def val_rows(metrics: Path) -> dict[int, dict]:
     return {r["step"]: r for r in rows if "val/acc_greedy" in r}
 
 
-def distill(seed: int, steps: int, out: Path) -> Path:
+def distill(seed: int, steps: int, out: Path, mode: str) -> Path:
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.trainers.rl import RLTrainer
 
     d, k = demo_dir(seed), seed + 1  # the demo's trainer seeds (cli/demo.stage_seeds)
-    run = out / f"seed{seed}"
+    run = out / f"{mode}_seed{seed}"
     overrides = [f"teacher.path={d / 'grpo/hf'}", f"model.path={d / 'sft/hf'}",
                  f"data.train_files=[{d / 'data/train.parquet'}]", f"data.val_files=[{d / 'data/test.parquet'}]",
                  "data.max_prompt_length=8", "rollout.max_response_length=5", "data.train_batch_size=32",
@@ -44,7 +44,7 @@ def distill(seed: int, steps: int, out: Path) -> Path:
                  "trainer.pass_k=[1,4]", "trainer.val_sampled=always", "trainer.val_every=20",
                  "reward.functions=[{name: arithmetic}]", f"trainer.total_steps={steps}", "actor.lr=3e-5",
                  "actor.micro_batch_size=128", f"trainer.seed={k}", f"data.seed={k}", f"trainer.run_dir={run}",
-                 "trainer.report=false", "trainer.export_hf=false"]
+                 "trainer.report=false", "trainer.export_hf=false", f"teacher.mode={mode}"]
     RLTrainer(load_config(RLConfig, "distill", overrides)).fit(overwrite=True)
     return run
 
@@ -54,12 +54,13 @@ def main() -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--steps", type=int, default=120)
     p.add_argument("--out", default="runs/distill_demo")
+    p.add_argument("--mode", default="reverse_kl", choices=["reverse_kl", "gkd"], help="teacher.mode")
     args = p.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     for seed in args.seeds:
         if not (demo_dir(seed) / "grpo/hf").is_dir():
             subprocess.run([sys.executable, "-m", "reinforge.cli.main", "demo", "--seed", str(seed)], check=True)
-        run = distill(seed, args.steps, Path(args.out))
+        run = distill(seed, args.steps, Path(args.out), args.mode)
         ours, grpo = val_rows(run / "metrics.jsonl"), val_rows(demo_dir(seed) / "grpo/metrics.jsonl")
         last = max(ours)
         print(f"seed {seed}: greedy base {ours[0]['val/acc_greedy']:.3f} -> student {ours[last]['val/acc_greedy']:.3f} "
