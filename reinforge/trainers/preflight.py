@@ -13,6 +13,9 @@ model loads. A failure leaves the run directory untouched.
 """
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from reinforge.config.load import ConfigError
 from reinforge.config.validate import check_model_path
 from reinforge.models.checks import check_model_files, check_tokenizer_files, missing_modules, weight_names
@@ -44,6 +47,8 @@ def model_folders(cfg) -> list[tuple[str, str]]:
         out["reward.judge.model_path"] = cfg.reward.judge.model_path  # set only when `judge` is used (validate)
     if hasattr(cfg, "dpo"):
         out["dpo.ref_model_path"] = cfg.dpo.ref_model_path
+    if hasattr(cfg, "teacher") and cfg.derived.get("teacher_enabled"):
+        out["teacher.path"] = cfg.teacher.path
     return [(k, v) for k, v in out.items() if v]
 
 
@@ -83,6 +88,41 @@ def check_lora_targets(cfg) -> None:
                           f"its modules: {', '.join(modules)} (or use [all-linear])")
 
 
+def _vocab(folder: str) -> dict | None:
+    """token -> id of a tokenizer folder's tokenizer.json (model vocabulary and added tokens) or
+    vocab.json; None when it has neither (a custom tokenizer: not compared)."""
+    path = Path(folder)
+    try:
+        if (path / "tokenizer.json").is_file():
+            data = json.loads((path / "tokenizer.json").read_text(encoding="utf-8"))
+            vocab = dict(data.get("model", {}).get("vocab") or {})
+            return vocab | {t["content"]: t["id"] for t in data.get("added_tokens", [])}
+        if (path / "vocab.json").is_file():
+            return json.loads((path / "vocab.json").read_text(encoding="utf-8"))
+    except (ValueError, UnicodeDecodeError, AttributeError, KeyError, TypeError):
+        return None
+    return None
+
+
+def check_teacher_vocab(cfg) -> None:
+    """Distillation compares the student's and the teacher's probabilities of the same token
+    ids: both tokenizers must map ids to the same tokens, and for gkd both LM heads need as many
+    rows (config.json vocab_size)."""
+    t, m = cfg.teacher, cfg.model
+    student_tok = m.tokenizer_path or m.path
+    check_tokenizer_files(t.path, "teacher.path")
+    a, b = _vocab(student_tok), _vocab(t.path)
+    if a is not None and b is not None and a != b:
+        diff = sorted(set(a.items()) ^ set(b.items()), key=lambda kv: kv[1])
+        raise ConfigError(f"teacher.path={t.path!r}: its tokenizer differs from the student's ({student_tok!r}; "
+                          f"{len(a)} vs {len(b)} tokens, first difference {diff[0]!r}); distillation compares "
+                          "the two models on the same token ids: use a teacher with the student's tokenizer")
+    sizes = [json.loads((Path(p) / "config.json").read_text(encoding="utf-8")).get("vocab_size") for p in (m.path, t.path)]
+    if t.mode == "gkd" and sizes[0] != sizes[1]:
+        raise ConfigError(f"teacher.mode=gkd compares whole distributions: the teacher's vocab_size={sizes[1]} "
+                          f"(teacher.path={t.path!r}) differs from the student's {sizes[0]} (model.path)")
+
+
 def preflight(cfg):
     """Check `cfg` (RL, SFT, DPO or RM) and every file it names without building a model;
     raises ConfigError, DataError or ModelLoadError. Returns the same (validated) config."""
@@ -103,6 +143,8 @@ def preflight(cfg):
     for key in ("reward.reward_model_path", "reward.judge.model_path"):
         if dict(folders).get(key):  # the reward model and the judge read text with their own tokenizers
             check_tokenizer_files(dict(folders)[key], key)
+    if "teacher.path" in dict(folders):
+        check_teacher_vocab(cfg)
     for key, spec, style in reward_functions(cfg):
         if not (hasattr(cfg, "reward") and spec == "judge"):  # the judge: reward.judge, checked above
             check_reward_function(spec, key, style)
