@@ -124,6 +124,8 @@ def test_distill_refusals(student_dir, tiny_model_dir, arith_data, tmp_path, no_
         preflight(cfg(**{"teacher.path": str(other)}))
     with pytest.raises(ConfigError, match="teacher.mode=gkd compares whole distributions: rollout.top_k"):
         preflight(cfg(**{"teacher.path": tiny_model_dir, "teacher.mode": "gkd", "rollout.top_k": 5}))
+    with pytest.raises(ConfigError, match="trainer.backend=local only"):
+        preflight(cfg(**{"teacher.path": tiny_model_dir, "trainer.backend": "ray"}))
 
 
 def test_gkd_forward_matches_the_logits_path(student_dir, tiny_model_dir):
