@@ -344,6 +344,26 @@ class TrainerConfig(RunConfig):
 
 
 @dataclass
+class TeacherConfig:
+    """On-policy distillation (docs/algorithms.md): a frozen teacher scores the student's samples."""
+    path: str = ""
+    """Teacher model folder (or Hub id); its tokenizer must be the student's. Required when coef > 0."""
+    mode: str = "reverse_kl"
+    """reverse_kl: each token's advantage is minus the per-token reverse KL, log pi_student -
+    log pi_teacher of the sampled token (Thinking Machines' on-policy distillation); gkd: GKD's
+    generalised JSD(beta) over the whole vocabulary at each sampled position, a direct loss."""
+    coef: float = 0.0
+    """Weight of the distillation term (scales the reverse-KL advantages or the gkd loss); 0: off."""
+    beta: float = 0.5
+    """gkd: JSD interpolation; 0 = forward KL(teacher || student), 1 = reverse KL(student || teacher)."""
+    return_to_go: bool = False
+    """reverse_kl: advantage_t = sum over s >= t of -k_s (undiscounted) instead of -k_t alone."""
+    task_reward_weight: float = 0.0
+    """Weight of the task reward's advantages (algorithm.adv_estimator on reward.functions' scores)
+    added to the distillation's; 0: distillation alone (the score is still logged)."""
+
+
+@dataclass
 class RLConfig(RootConfig):
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -353,6 +373,7 @@ class RLConfig(RootConfig):
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    teacher: TeacherConfig = field(default_factory=TeacherConfig)
     derived: dict = field(default_factory=dict)
     """Filled by validate(): values computed from the others (not for users to set)."""
 

@@ -170,6 +170,28 @@ def validate_supervised(cfg, num_train_examples: Optional[int] = None) -> None:
         cfg.derived["total_steps"] = t.total_steps or max(1, int(t.epochs * num_train_examples / d.batch_size))
 
 
+def check_teacher(cfg: RLConfig) -> bool:
+    """The teacher section's rules (on-policy distillation); returns whether a teacher runs."""
+    from reinforge.algos.distill import DISTILL_MODES
+
+    t, r = cfg.teacher, cfg.rollout
+    if t.coef == 0:
+        need(not t.path, f"teacher.path={t.path!r} is set but teacher.coef=0: set teacher.coef > 0 to distill "
+                         "(or use --config distill), or drop teacher.path")
+        return False
+    need(bool(t.path), f"teacher.coef={t.coef} distills from a teacher: teacher.path is required "
+                       "(the teacher's model folder, e.g. teacher.path=runs/demo/grpo/hf)")
+    check_model_path(t.path, "teacher.path")
+    check_choice(t.mode, DISTILL_MODES, "teacher.mode")
+    need(cfg.trainer.backend == "local", "teacher.coef > 0 (distillation) runs with trainer.backend=local only: "
+                                         "the teacher is not sharded over Ray ranks")
+    if t.mode == "gkd":  # the JSD runs over the whole vocabulary, inside the actor's update
+        need(r.top_k == 0 and r.top_p == 1.0, f"teacher.mode=gkd compares whole distributions: rollout.top_k="
+                                              f"{r.top_k} and rollout.top_p={r.top_p} must be 0 and 1")
+        need(not cfg.model.use_packing, "teacher.mode=gkd does not run with model.use_packing=true")
+    return True
+
+
 def check_agent(r) -> None:
     """The agent loop's keys (rollout.max_turns, tools, tool_parser, env): names are resolved
     (imported) by the preflight, which builds no model either."""
@@ -241,6 +263,7 @@ def validate(cfg: RLConfig) -> RLConfig:
         if crit.model_path:
             check_model_path(crit.model_path, "critic.model_path")
     d["reference_enabled"] = bool(act.use_kl_loss or a.use_kl_in_reward)
+    d["teacher_enabled"] = check_teacher(cfg)
     d["loss_norm_const"] = act.loss_norm_const or r.max_response_length
     d["device"] = resolve_device(cfg.trainer.device)
     if r.backend == "vllm":

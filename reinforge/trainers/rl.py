@@ -5,9 +5,11 @@ logging, checkpoints, resume, export, report).
     batch  |= reward.score(batch)                      # token_level_scores
     batch  |= actor.log_probs(batch)                   # old_log_probs (+ entropy), unless on-policy
     batch  |= reference.log_probs(batch)               # when KL is used
+    batch  |= teacher.log_probs(batch)                 # on-policy distillation
     batch  |= critic.values(batch)                     # when the estimator needs values
     batch   = apply_kl_in_reward(batch, kl_controller) # when configured
     batch  |= compute_advantages(batch, estimator)
+    batch  |= distill_advantages(batch, teacher_cfg)   # on-policy distillation
     metrics = critic.update(batch), actor.update(batch)
     rollout.sync_weights(actor)                        # no-op for the in-process HF rollout
 """
@@ -46,6 +48,7 @@ class RLTrainer(TrainingLoop):
         self.tok, self.actor_model, self.critic_model = c.tokenizer, c.actor_model, c.critic_model
         self.rollout, self.reward, self.actor = c.rollout, c.reward, c.actor
         self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl
+        self.teacher = c.teacher
         self.loader, self.val_items = c.loader, c.val_items
         self.run_dir = Path(cfg.trainer.run_dir)
         weight = next(self.actor_model.parameters())  # on the meta device with trainer.backend=ray
@@ -55,8 +58,9 @@ class RLTrainer(TrainingLoop):
         self.timer, self.step_idx, self.next_uid = StageTimer(self.device), 0, 0
         self.n_params = (matmul_params(self.actor_model),
                          matmul_params(self.critic_model) if self.critic_model is not None else 0)
-        d = cfg.derived  # on-policy: the update's own forward gives the old log-probs (workers/actor.py)
-        self.on_policy = not cfg.algorithm.use_kl_in_reward and on_policy_update(
+        d = cfg.derived  # on-policy: the update's own forward gives the old log-probs (workers/actor.py);
+        # KL in the reward and distillation read them before the update
+        self.on_policy = not (cfg.algorithm.use_kl_in_reward or d["teacher_enabled"]) and on_policy_update(
             self.actor_model, cfg.actor.ppo_epochs, d["actor_mini_batch_size"], d["batch_size"])
 
     # ---- one step -------------------------------------------------------------------------
@@ -107,6 +111,9 @@ class RLTrainer(TrainingLoop):
         if self.reference is not None:
             with self.timer("ref"):
                 batch = batch | self.reference.log_probs(batch)
+        if self.teacher is not None:
+            with self.timer("teacher"):
+                batch = batch | Batch({"teacher_log_probs": self.teacher.log_probs(batch)["ref_log_probs"]})
         if self.critic is not None:
             with self.timer("values"):
                 batch = batch | self.critic.values(batch)
@@ -117,7 +124,11 @@ class RLTrainer(TrainingLoop):
             f_batch, f_metrics = stages.overlong_filter(batch)
             batch, metrics = batch | f_batch, {**metrics, **f_metrics}
         with self.timer("adv"):
-            batch = batch | stages.advantages_stage(batch, cfg.algorithm, value_pretraining=self.value_pretraining)
+            adv = stages.advantages_stage(batch, cfg.algorithm, value_pretraining=self.value_pretraining)
+            if self.teacher is not None:
+                adv["advantages"], d_metrics = stages.distill_advantages(batch, adv["advantages"], cfg.teacher)
+                metrics.update(d_metrics)
+            batch = batch | adv
         if self.critic is not None:
             with self.timer("update_critic"):
                 metrics.update(self.critic.update(batch))

@@ -33,6 +33,7 @@ class Components:
     kl_ctrl: Any
     loader: Any
     val_items: list
+    teacher: ReferenceWorker | None = None  # on-policy distillation (teacher.coef > 0)
 
 
 class ConcatDataset:
@@ -134,6 +135,18 @@ def build_workers(cfg: RLConfig, shard=None) -> Workers:
     return Workers(actor_model, actor, reference, critic_model, critic)
 
 
+def make_teacher(cfg: RLConfig, actor) -> ReferenceWorker:
+    """The distillation teacher: a frozen model scoring the student's tokens exactly as the
+    reference does (a second ReferenceWorker, another model folder), in this process. With
+    teacher.mode=gkd the actor's loss also reads its whole distributions (workers/gkd.py)."""
+    from reinforge.workers.gkd import GKDTerm
+
+    model = load_causal_lm(cfg.teacher.path, train=False, **_model_kwargs(cfg))
+    if cfg.teacher.mode == "gkd":
+        actor.gkd = GKDTerm(model, cfg.teacher.beta, cfg.teacher.coef)
+    return ReferenceWorker(model, cfg.model, cfg.derived["actor_micro_batch_size"], cfg.actor.max_tokens_per_micro_batch)
+
+
 def build_ray_workers(cfg: RLConfig) -> tuple[Workers, Any]:
     """trainer.backend=ray: the workers live in a group of Ray actors (reinforge.distributed);
     the driver keeps unsharded copies of the trained models for generation and checkpoints."""
@@ -190,5 +203,7 @@ def build_components(cfg: RLConfig, rows: dict | None = None) -> Components:
     kl_ctrl = make_kl_controller(a.kl_ctrl, a.kl_coef, target_kl=a.target_kl, horizon=a.kl_horizon) \
         if a.use_kl_in_reward else None
     reward = RewardWorker(tok, cfg.reward, a, max_response_length=cfg.rollout.max_response_length, device=device)
+    teacher = make_teacher(cfg, w.actor) if cfg.derived["teacher_enabled"] else None
     return Components(tok, w.actor_model, w.critic_model, rollout, reward, w.actor, w.reference,
-                      w.critic, kl_ctrl, PromptLoader(train, cfg.data.train_batch_size, seed=cfg.data.seed), val_items)
+                      w.critic, kl_ctrl, PromptLoader(train, cfg.data.train_batch_size, seed=cfg.data.seed), val_items,
+                      teacher)

@@ -1,14 +1,15 @@
 """Named stages of the RL step that presets switch on: KL in the reward, advantages, dynamic
-sampling (DAPO), overlong filtering (DAPO). Each takes a Batch and returns a Batch plus metrics;
-the trainer calls them by configuration, never by algorithm name."""
+sampling (DAPO), overlong filtering (DAPO), distillation's advantages. Each takes a Batch and
+returns a Batch plus metrics; the trainer calls them by configuration, never by algorithm name."""
 from __future__ import annotations
 
 import torch
 
+from reinforge.algos import distill
 from reinforge.algos.advantages import AdvantageInput, compute_advantages
 from reinforge.algos.kl import kl_penalty
 from reinforge.algos.masked import masked_mean
-from reinforge.config.schema import AlgorithmConfig
+from reinforge.config.schema import AlgorithmConfig, TeacherConfig
 from reinforge.protocol import Batch
 
 
@@ -84,3 +85,21 @@ def overlong_filter(batch: Batch) -> tuple[Batch, dict[str, float]]:
     keep = (~batch["truncated"]).float()[:, None]
     loss_mask = batch["response_mask"].float() * keep
     return Batch({"loss_mask": loss_mask}), {"overlong/filtered_frac": float(1 - keep.mean())}
+
+
+def distill_advantages(batch: Batch, task_advantages: torch.Tensor, t: TeacherConfig) -> tuple[torch.Tensor, dict]:
+    """On-policy distillation (algos/distill.py): task_reward_weight * `task_advantages` (B, T)
+    (the estimator's) + coef * (minus the per-token reverse KL to the teacher, or its
+    return-to-go) for teacher.mode=reverse_kl; gkd's term is a loss in the actor's update, so
+    there only the task reward's share remains. -> advantages (B, T); metrics distill/reverse_kl
+    (the mean per response token of log pi_student - log pi_teacher of the sampled tokens, at the
+    rollout weights), distill/teacher_log_prob and distill/student_log_prob (mean log-probs)."""
+    mask = batch["response_mask"].float()
+    student, teacher = batch["old_log_probs"], batch["teacher_log_probs"]
+    adv = t.task_reward_weight * task_advantages
+    if t.mode == "reverse_kl":
+        adv = adv + t.coef * distill.distill_advantages(student, teacher, mask, t.return_to_go)
+    metrics = {"distill/reverse_kl": float(masked_mean(distill.reverse_kl_tokens(student, teacher, mask), mask)),
+               "distill/teacher_log_prob": float(masked_mean(teacher, mask)),
+               "distill/student_log_prob": float(masked_mean(student, mask))}
+    return adv, metrics

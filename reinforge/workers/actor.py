@@ -22,6 +22,7 @@ from reinforge.models.forward import response_logprobs
 from reinforge.models.packing import micro_batches, packed_response_logprobs, restore_order
 from reinforge.protocol import Batch
 from reinforge.workers import dp
+from reinforge.workers.gkd import GKDTerm, gkd_log_probs
 from reinforge.workers.token_stats import batch_sum_pi_squared
 from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
                                      mini_batches)
@@ -71,6 +72,7 @@ class ActorWorker(TrainedWorkerState):
                                    kl_cov_ratio=cfg.kl_cov_ratio, ppo_kl_coef=cfg.ppo_kl_coef, dro_beta=cfg.dro_beta,
                                    generator=self.gen)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
+        self.gkd: GKDTerm | None = None  # teacher.mode=gkd: set by trainers/rl_setup.make_teacher
 
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, with_entropy: bool = True, with_sum_pi_squared: bool = False) -> Batch:
@@ -90,7 +92,11 @@ class ActorWorker(TrainedWorkerState):
         mask = mask.float()
         need_entropy = c.entropy_coeff != 0
         on_policy = "old_log_probs" not in mb
-        log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature, need_entropy or on_policy)
+        if self.gkd is not None:  # the same student forward also gives the JSD to the teacher
+            log_probs, entropy, jsd = gkd_log_probs(self.model, self.gkd, mb, temperature, self.mcfg.logprob_chunk_size,
+                                                    self.mcfg.autocast == "bf16")
+        else:
+            log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature, need_entropy or on_policy)
         old_log_probs = log_probs.detach() if on_policy else mb["old_log_probs"]
         loss_mat, m = self.loss_fn(log_probs, old_log_probs, mb["advantages"], mask, **self.loss_kw)
         if on_policy:  # what trainers/metrics.py reads from the skipped pass's outputs
@@ -108,6 +114,10 @@ class ActorWorker(TrainedWorkerState):
             ent_loss = agg_loss(entropy, mask, c.loss_agg_mode, **agg)
             loss = loss - c.entropy_coeff * ent_loss
             metrics["entropy_loss"] = ent_loss
+        if self.gkd is not None:
+            gkd_loss = agg_loss(jsd, mask, c.loss_agg_mode, **agg)
+            loss = loss + self.gkd.coef * gkd_loss
+            metrics["gkd_loss"] = gkd_loss
         if c.use_kl_loss:
             kld = kl_penalty(log_probs, mb["ref_log_probs"], c.kl_loss_type)
             kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **agg)
