@@ -147,21 +147,59 @@ def make_teacher(cfg: RLConfig, actor) -> ReferenceWorker:
     return ReferenceWorker(model, cfg.model, cfg.derived["actor_micro_batch_size"], cfg.actor.max_tokens_per_micro_batch)
 
 
+def build_rank_engine(cfg: RLConfig, actor_model, rank: int, world: int):
+    """A Ray rank's generation engine (reinforge.distributed.engine): vLLM on the rank's GPU, fed
+    from `actor_model`'s FSDP2 shards, or the lean/hf rollout on an unsharded frozen copy."""
+    from reinforge.distributed.engine import RankEngine, RankVLLM
+
+    m = cfg.model
+    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    if cfg.rollout.backend == "vllm":
+        return RankEngine(RankVLLM(cfg, actor_model, tok, rank=rank, world=world))
+    dense = load_causal_lm(m.path, train=False, **_model_kwargs(cfg))  # no gradient checkpointing: use_cache stays on
+    if m.lora_rank > 0:
+        from reinforge.models.lora import apply_lora
+
+        dense = apply_lora(dense, m.lora_rank, m.lora_alpha, list(m.lora_target_modules)).requires_grad_(False)
+    return RankEngine(make_rollout(cfg, dense, tok), dense)
+
+
+def model_skeleton(cfg: RLConfig, critic: bool = False):
+    """The actor's (or critic's) modules and parameter shapes on the meta device, without
+    weights: what the driver of a Ray run keeps, to count FLOPs and look for dropout."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
+
+    from reinforge.models.hub import resolve_model_path
+    from reinforge.models.loading import resolve_dtype
+
+    m = cfg.model
+    path = resolve_model_path(cfg.critic.model_path or m.path if critic else m.path, "model path")
+    config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code, local_files_only=True)
+    dtype = resolve_dtype(m.dtype, cfg.derived["device"])
+    with torch.device("meta"):
+        if critic:
+            config.num_labels = 1
+            return AutoModelForTokenClassification.from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code)
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code)
+        if m.lora_rank > 0:
+            from reinforge.models.lora import apply_lora
+
+            model = apply_lora(model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
+    return model
+
+
 def build_ray_workers(cfg: RLConfig) -> tuple[Workers, Any]:
-    """trainer.backend=ray: the workers live in a group of Ray actors (reinforge.distributed);
-    the driver keeps unsharded copies of the trained models for generation and checkpoints."""
+    """trainer.backend=ray: the workers and the generation engines live in a group of Ray actors
+    (reinforge.distributed); the driver keeps weightless skeletons of the trained models."""
     from reinforge.distributed.group import RayWorkerGroup
     from reinforge.distributed.proxies import ActorProxy, CriticProxy, ReferenceProxy
 
-    group = RayWorkerGroup(cfg, build_workers)
-    actor_model = load_actor_model(cfg).requires_grad_(False)
-    critic_model = None
-    if cfg.derived["critic_enabled"]:
-        critic_model = load_critic(cfg.critic.model_path or cfg.model.path, reinit_head=cfg.critic.reinit_head,
-                                   **_model_kwargs(cfg)).requires_grad_(False)
-    w = Workers(actor_model, ActorProxy(group, actor_model),
-                ReferenceProxy(group) if cfg.derived["reference_enabled"] else None, critic_model,
-                CriticProxy(group, critic_model) if critic_model is not None else None)
+    group = RayWorkerGroup(cfg, build_workers, build_rank_engine)
+    critic = cfg.derived["critic_enabled"]
+    w = Workers(model_skeleton(cfg), ActorProxy(group),
+                ReferenceProxy(group) if cfg.derived["reference_enabled"] else None,
+                model_skeleton(cfg, critic=True) if critic else None, CriticProxy(group) if critic else None)
     return w, group
 
 
@@ -193,9 +231,9 @@ def build_components(cfg: RLConfig, rows: dict | None = None) -> Components:
     train, val_items = load_data(cfg, tok, rows)
     if cfg.trainer.backend == "ray":
         w, group = build_ray_workers(cfg)
-        from reinforge.distributed.proxies import SyncedRollout
+        from reinforge.distributed.proxies import RankRollout
 
-        rollout = SyncedRollout(make_rollout(cfg, w.actor_model, tok), w.actor)
+        rollout = RankRollout(group, w.actor)  # generation on the ranks: the driver holds no weights
     else:
         w = build_workers(cfg)
         rollout = make_rollout(cfg, w.actor_model, tok)
