@@ -31,7 +31,7 @@ RANGES: dict[str, dict[str, str]] = {
                        seed=COUNT),
     "RolloutConfig": dict(n=SIZE, temperature=POS, top_p=PROB, top_k=COUNT, max_response_length=SIZE,
                           micro_batch_size=SIZE, val_n=SIZE, val_temperature=POS, gpu_memory_utilization=PROB,
-                          tis_cap=POS, max_turns=SIZE),
+                          tis_cap=POS, staleness=COUNT, stream_prompts=COUNT, max_turns=SIZE),
     "ActorConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=SIZE,
                         max_tokens_per_micro_batch=COUNT, clip_low="[0, 1)", clip_high=NONNEG, clip_c="(1, inf)",
                         loss_norm_const=POS, entropy_coeff=NONNEG, kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE,

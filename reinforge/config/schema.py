@@ -97,7 +97,16 @@ class RolloutConfig:
     gpu_memory_utilization: float = 0.5
     """vLLM only: fraction of GPU memory for the engine."""
     tis_cap: float = 2.0
-    """vLLM only: cap of the truncated importance-sampling weight trainer/rollout."""
+    """vLLM, and staleness > 0: cap of the truncated importance-sampling weight trainer/rollout
+    (each token's loss is weighted by min(exp(old - rollout log-prob), tis_cap))."""
+    staleness: int = 0
+    """Asynchronous off-policy rollout: 0 is the synchronous loop; k > 0 generates the next steps'
+    samples in a thread with a copy of the policy at most k updates old, while the actor updates,
+    corrected by truncated importance sampling (tis_cap). Lean backend, trainer.backend=local
+    (docs/performance.md)."""
+    stream_prompts: int = 0
+    """staleness > 0: prompts per generation chunk of the producer; groups enter the batch as their
+    chunk finishes (0: micro_batch_size // n, at most data.train_batch_size)."""
     max_turns: int = 1
     """Turns per episode: 1 is the single-turn rollout; > 1 runs the agent loop
     (reinforge.agents.loop): the policy calls `tools` (or talks to `env`) and reads the answers

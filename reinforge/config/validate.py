@@ -233,6 +233,11 @@ def validate(cfg: RLConfig) -> RLConfig:
     check_name(a.kl_ctrl, kl.KL_CONTROLLERS, "algorithm.kl_ctrl")
     check_name(r.backend, ("lean", "hf", "vllm"), "rollout.backend")
     check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
+    if r.staleness > 0:  # the producer thread drives a lean loop on a copy of the local actor
+        need(r.backend == "lean", f"rollout.staleness={r.staleness} needs rollout.backend=lean (got {r.backend!r}); "
+                                  f"or set rollout.staleness=0")
+        need(cfg.trainer.backend == "local", f"rollout.staleness={r.staleness} runs with trainer.backend=local only; "
+                                             f"with trainer.backend=ray set rollout.staleness=0")
     check_agent(r)
     check_name(cfg.data.overlong_prompt, OVERLONG_POLICIES, "data.overlong_prompt")
     if a.adv_estimator in advantages.NEEDS_GROUPS:

@@ -23,6 +23,7 @@ from reinforge.models.packing import micro_batches, packed_response_logprobs, re
 from reinforge.protocol import Batch
 from reinforge.workers import dp
 from reinforge.workers.gkd import GKDTerm, gkd_log_probs
+from reinforge.workers.rollout.vllm import tis_weights
 from reinforge.workers.token_stats import batch_sum_pi_squared
 from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
                                      mini_batches)
@@ -104,8 +105,13 @@ class ActorWorker(TrainedWorkerState):
             m["entropy"] = masked_mean(entropy.detach(), resp)
             if "ref_log_probs" in mb:
                 m["ref_kl"] = masked_mean(old_log_probs - mb["ref_log_probs"], resp)
-        if "tis_weight" in mb:  # vLLM rollout: truncated importance sampling, per token
+        if "tis_weight" in mb:  # truncated importance sampling, per token (vLLM, rollout.staleness)
             loss_mat = loss_mat * mb["tis_weight"]
+        elif on_policy and "tis_cap" in mb.meta and "rollout_log_probs" in mb:
+            # on-policy, this forward's detached log-probs are the old ones: no separate pass needed
+            w, tis = tis_weights(old_log_probs, mb["rollout_log_probs"], mb["response_mask"], mb.meta["tis_cap"])
+            loss_mat = loss_mat * w
+            m.update({k: v for k, v in tis.items() if not k.endswith("_max")})  # means: token-weighted below
         agg = dict(num_tokens=denom["num_tokens"], num_seqs=denom["num_seqs"], norm_const=self.loss_norm_const)
         pg_loss = agg_loss(loss_mat, mask, c.loss_agg_mode, **agg)
         loss = pg_loss
@@ -138,9 +144,7 @@ class ActorWorker(TrainedWorkerState):
         sums, shared, nonfinite, n_mini = MetricSum(), MetricSum(), 0, 0
         world = dp.world_size()
         tis_metrics = {}
-        if "tis_cap" in batch.meta and "rollout_log_probs" in batch:  # vLLM's: correct for its log-prob gap
-            from reinforge.workers.rollout.vllm import tis_weights
-
+        if "tis_cap" in batch.meta and "rollout_log_probs" in batch and "old_log_probs" in batch:
             w, tis_metrics = tis_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
                                          batch.meta.get("tis_cap", 2.0))
             batch = batch | Batch({"tis_weight": w})
@@ -175,7 +179,8 @@ class ActorWorker(TrainedWorkerState):
             nonfinite += not finite
             self.guard.record(finite)
         self.sched.step()
-        out = {**sums.all_reduce().result("actor/", n_mini), **shared.result("actor/", n_mini)}
+        out = {k.removeprefix("actor/") if k.startswith("actor/rollout_corr/") else k: v
+               for k, v in {**sums.all_reduce().result("actor/", n_mini), **shared.result("actor/", n_mini)}.items()}
         out.update({k: float(v) for k, v in tis_metrics.items()})
         out["actor/lr"] = self.sched.get_last_lr()[0]
         out["actor/nonfinite_skipped"] = float(nonfinite)
