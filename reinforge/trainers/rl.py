@@ -23,7 +23,7 @@ import torch
 from reinforge.algos.advantages import NEEDS_BASELINE, NEEDS_TOKEN_STATS
 from reinforge.config.load import ConfigError
 from reinforge.protocol import Batch
-from reinforge.trainers import stages
+from reinforge.trainers import async_rollout, stages
 from reinforge.seeding import seed_everything
 from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
                                            save_checkpoint, set_rng_state)
@@ -56,6 +56,9 @@ class RLTrainer(TrainingLoop):
         # perf/mfu's peak is measured in the dtype the matmuls run in
         self.matmul_dtype = torch.bfloat16 if cfg.model.autocast == "bf16" else weight.dtype
         self.timer, self.step_idx, self.next_uid = StageTimer(self.device), 0, 0
+        # rollout.staleness > 0: the producer thread (started at the first step) and, after a
+        # resume, the offset of the first untrained prompt in its loader round
+        self.producer, self.resume_offset = None, 0
         self.n_params = (matmul_params(self.actor_model),
                          matmul_params(self.critic_model) if self.critic_model is not None else 0)
         d = cfg.derived  # on-policy: the update's own forward gives the old log-probs (workers/actor.py);
@@ -77,6 +80,13 @@ class RLTrainer(TrainingLoop):
     def collect_batch(self) -> tuple[Batch, dict[str, float]]:
         """One rollout round, or (dynamic sampling) rounds until enough informative groups."""
         a, want = self.cfg.algorithm, self.cfg.data.train_batch_size
+        if self.cfg.rollout.staleness > 0:
+            if self.producer is None:
+                self.producer = async_rollout.start_producer(self)
+            batch, metrics, self._reward_metrics = async_rollout.collect(
+                self.producer, self.reward.score, self.timer, want=want, n=self.cfg.rollout.n,
+                dynamic=a.dynamic_sampling, max_rounds=a.max_gen_rounds if a.dynamic_sampling else 1)
+            return batch, metrics
         if not a.dynamic_sampling:
             return self._rollout_round(), {}
         kept, seen, n_kept, rounds = [], 0, 0, 0
@@ -102,10 +112,10 @@ class RLTrainer(TrainingLoop):
             with self.timer("baseline"):
                 b_batch, b_metrics = stages.greedy_baseline(batch, self.rollout, self.reward)
             batch, metrics = batch | b_batch, {**metrics, **b_metrics}
-        # vLLM's correction compares the two; a frozen actor has no update pass to report entropy;
-        # the optimal token baseline reads pi and sum pi^2 before the update
+        # a frozen actor has no update pass to report entropy; the optimal token baseline reads pi
+        # and sum pi^2 before the update (truncated IS, tis_cap: an on-policy update weights from its own pass)
         token_stats = cfg.algorithm.adv_estimator in NEEDS_TOKEN_STATS
-        if not self.on_policy or self.actor_frozen or "tis_cap" in batch.meta or token_stats:
+        if not self.on_policy or self.actor_frozen or token_stats:
             with self.timer("old_log_prob"):
                 batch = batch | self.actor.log_probs(batch, with_sum_pi_squared=token_stats)
         if self.reference is not None:
@@ -136,6 +146,8 @@ class RLTrainer(TrainingLoop):
             with self.timer("update_actor"):
                 metrics.update(self.actor.update(batch))
         self.rollout.sync_weights(self.actor_model)
+        if self.producer is not None:  # the weights trained here: self.step_idx - 1 completed steps
+            metrics.update(async_rollout.staleness_metrics(batch, self.step_idx - 1, metrics))
         metrics.update(batch_metrics(batch))
         if samples_due(cfg.trainer.log_samples_every, self.step_idx):
             write_jsonl(self.run_dir / "samples" / f"train_step_{self.step_idx}.jsonl", sample_rows(batch))
@@ -180,6 +192,8 @@ class RLTrainer(TrainingLoop):
         return {"data/skipped_prompts": float(self.cfg.derived.get("skipped_prompts", 0))}
 
     def after_step(self) -> None:
+        if self.producer is not None:  # also after a skipped step, so versions count steps
+            self.producer.publish(self.actor_model, self.step_idx)
         if self.critic is not None and self.step_idx == self.cfg.algorithm.value_pretrain_steps:
             # VAPO: the pretrained critic is kept for later runs (critic.model_path=...), also
             # when this step found nothing to learn from (step/skipped).
@@ -191,6 +205,8 @@ class RLTrainer(TrainingLoop):
         return export_hf(self.actor_model, self.tok, self.run_dir / "hf", write=getattr(self.actor, "write_hf", None))
 
     def close(self) -> None:
+        if self.producer is not None:
+            self.producer.stop()
         self.reward.close()
         group = getattr(self.actor, "group", None)  # trainer.backend=ray: stop the ranks now, not at exit
         if group is not None:
@@ -209,6 +225,9 @@ class RLTrainer(TrainingLoop):
         state = {"step": self.step_idx, "next_uid": self.next_uid, "rng": rng_state(),
                  "loader": self.loader.state_dict(), "actor": None, "critic": None,
                  "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None}
+        if self.producer is not None:  # the first prompt not yet trained on (async_rollout.Start)
+            start = self.producer.resume_point()
+            state.update(loader=start.loader_state, next_uid=start.uid, async_offset=start.offset)
         writers = []
         for name, worker in (("actor", self.actor), ("critic", self.critic)):
             if worker is not None and hasattr(worker, "save_sharded"):  # a Ray worker group
@@ -225,6 +244,7 @@ class RLTrainer(TrainingLoop):
             return no_checkpoint(self.run_dir / "checkpoints")
         state = load_checkpoint(ckpt, self._models())
         self.step_idx, self.next_uid = state["step"], state["next_uid"]
+        self.resume_offset = state.get("async_offset", 0)
         self.loader.load_state_dict(state["loader"])
         for name, worker in (("actor", self.actor), ("critic", self.critic)):
             if worker is None or state[name] is None:
