@@ -21,6 +21,7 @@ from reinforge.protocol import Batch
 from reinforge.trainers import async_rollout
 from reinforge.trainers.async_rollout import AsyncProducer, Start
 from reinforge.trainers.rl import RLTrainer
+from tests.agents.test_agent_e2e import tool_model  # noqa: F401 (the fixture: a model that calls a tool)
 from tests.conftest import rl_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -263,3 +264,16 @@ def test_staleness_refuses_what_it_cannot_drive(tiny_model_dir, arith_data, tmp_
     with pytest.raises(ConfigError, match=match):
         validate(_cfg(tiny_model_dir, arith_data, tmp_path / "bad", **{"rollout.staleness": 1, key: value}))
 
+
+
+def test_multi_turn_episodes_stream_through_the_producer(tool_model, tmp_path):
+    """rollout.max_turns > 1: the producer drives a copy of the agent loop (tools run in its thread)."""
+    from tests.agents.test_agent_e2e import _cfg as agent_cfg, _data
+
+    run = tmp_path / "agent"
+    RLTrainer(agent_cfg(tool_model, _data(tmp_path), str(run), **{"rollout.staleness": 1})).fit()
+    rows = _rows(run)
+    assert [r["rollout/staleness_max"] for r in rows] == [0, 1]
+    assert all(r["agent/tool_calls_mean"] > 0.5 and r["agent/turns_mean"] > 1.5 for r in rows)
+    assert rows[0]["rollout/is_weight_mean"] == pytest.approx(1.0, abs=1e-4)
+    assert _no_producer_thread()
