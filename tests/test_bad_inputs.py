@@ -99,7 +99,8 @@ CASES = [
     ("yaml_syntax_error", lambda p: ["train", "--config", f"{p.root}/bad.yaml", *p.rl[1:]],
      "bad.yaml: line 4, column 6: YAML syntax error: expected ',' or ']'"),
     ("data_make_unknown_task", lambda p: ["data", "make", "arithmetc", "--out", f"{p.run}"],
-     "unknown task 'arithmetc'; did you mean 'arithmetic'? available: arithmetic, countdown"),
+     "unknown task 'arithmetc'; did you mean 'arithmetic'? available: arithmetic, calculator, countdown, "
+     "guess_number, long_addition"),
     # (an option after --out reaches the task too)
     ("data_make_unknown_option", lambda p: ["data", "make", "arithmetic", "--out", f"{p.run}", "digitz=2"],
      "task 'arithmetic' has no option 'digitz'; did you mean 'digits'? options: digits=2, ops='+'"),
