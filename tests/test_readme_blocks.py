@@ -38,6 +38,7 @@ CHECKOUT = [p.name for p in (ROOT / "examples", ROOT / "scripts") if p.is_dir()]
 SKIP = {
     ("README.md", "make demo"): "minutes of training; tests/test_demo.py runs `reinforge demo --quick`",
     ("README.md", "make test"): "the test suite itself",
+    ("README.md", "reinforge demo --task calculator"): "minutes of training; docs/agents.md runs its stages with tiny steps",
     ("distributed.md", "ray start"): "starts a Ray cluster",
     ("distributed.md", "reinforge train"): "needs the Ray cluster of 2 nodes x 8 GPUs started above",
 }
