@@ -2,7 +2,7 @@
 policy entropy over training (DAPO's claim: a higher upper clip lets low-probability tokens grow,
 so entropy collapses less).
 
-`python benchmarks/studies/long_clip_higher.py [--steps 20 --seeds 0,1,2 --jobs 2]`; writes
+`python benchmarks/studies/long_clip_higher.py [--steps 40 --seeds 0,1,2 --jobs 2]`; writes
 benchmarks/studies/out/long_clip_higher/{entropy.png, clipfrac.png, summary.md}. Several
 updates per batch (2 epochs x 4 mini-batches) take the policy off its sampling distribution so
 the clip binds; actor/pg_clipfrac counts tokens clipped at either bound (ppo_clip).
@@ -17,7 +17,7 @@ SHARED = ["actor.lr=5e-5", "actor.ppo_epochs=2", "actor.mini_batch_size=16", "ac
 
 
 def main() -> None:
-    args, out = parse("long_clip_higher", steps=20)
+    args, out = parse("long_clip_higher", steps=40)
     arms = run_arms(out.name, {n: ("grpo", SHARED + o) for n, o in ARMS.items()}, args)
     band_plot(arms, "actor/entropy", "Policy entropy: symmetric clip vs clip-higher", "entropy (nats / token)",
               out / "entropy.png")

@@ -3,7 +3,7 @@
 over training (Dr.GRPO's claim: dividing each sequence's loss by its own length |o_i| penalises
 long wrong answers less per token, so they grow).
 
-`python benchmarks/studies/long_loss_agg.py [--steps 15 --seeds 0,1,2 --jobs 2]`; writes
+`python benchmarks/studies/long_loss_agg.py [--steps 30 --seeds 0,1,2 --jobs 2]`; writes
 benchmarks/studies/out/long_loss_agg/{incorrect_length.png, correct_length.png, summary.md}.
 """
 from __future__ import annotations
@@ -19,7 +19,7 @@ SHARED = ["actor.lr=5e-5", "actor.use_kl_loss=false"]
 
 
 def main() -> None:
-    args, out = parse("long_loss_agg", steps=15)
+    args, out = parse("long_loss_agg", steps=30)
     arms = run_arms(out.name, {n: (p, SHARED + o) for n, (p, o) in ARMS.items()}, args)
     band_plot(arms, "response_length/incorrect_mean", "Length of incorrect responses", "tokens",
               out / "incorrect_length.png")
