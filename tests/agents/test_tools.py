@@ -129,6 +129,6 @@ def test_docs_example_tool_and_environment_work(tmp_path):
     assert results[1].error and results[1].text.startswith("error: KeyError") and "mars" in results[1].text
     assert results[2].error and "division by zero" in results[2].text
     env = load_env(f"python:{tmp_path}/my_agents.py:Echo")()
-    assert env.reset({"reward_model": {"ground_truth": "hi"}}) == "say hi: "
+    assert env.reset({"ground_truth": "hi", "prompt": "", "data_source": "x"}) == "say hi: "  # the row the loop passes
     first, second = env.step("ho"), env.step("hi")
     assert (first.reward, first.done, second.reward, second.done) == (0.0, False, 1.0, True)
