@@ -82,3 +82,26 @@ def test_calculator_demo_inputs_and_table(tmp_path):
     table = format_table(report).splitlines()
     assert table[1].split() == ["acc_greedy", "0.000", "0.500", "0.750"]
     assert table[2].split() == ["acc_sampled", "-", "0.250", "0.500"]
+
+
+def test_calculator_demo_base_from_checkpoint(tmp_path):
+    """The demo's base is an SFT checkpoint turned into an HF folder: its weights are the
+    checkpoint's, not the final export's, and it loads with config and tokenizer."""
+    import torch
+    from safetensors.torch import save_model
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from reinforge.cli.demo_calculator import checkpoint_to_hf
+    from reinforge.models.tiny import make_tiny_model
+    from reinforge.tasks import build_char_tokenizer
+
+    tok = build_char_tokenizer()
+    make_tiny_model(tok, str(tmp_path / "final"), seed=0, hidden_size=32, intermediate_size=64, num_layers=1)
+    early = make_tiny_model(tok, None, seed=1, hidden_size=32, intermediate_size=64, num_layers=1)
+    (tmp_path / "ckpt").mkdir()
+    save_model(early, str(tmp_path / "ckpt" / "model.safetensors"))
+    out = checkpoint_to_hf(tmp_path / "ckpt", tmp_path / "final", tmp_path / "base")
+    loaded = AutoModelForCausalLM.from_pretrained(out)
+    for name, p in early.state_dict().items():
+        assert torch.equal(loaded.state_dict()[name], p), name
+    assert AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("7") == tok.convert_tokens_to_ids("7")
