@@ -14,7 +14,7 @@ length-adaptive actor lambda = 1 - 1/(alpha * |o|). The arms add one change at a
     + pretraining + decoupled GAE   algorithm.lam_critic=1.0 in the PPO steps too
     + pretraining + length-adaptive lambda   algorithm.length_adaptive_alpha=0.05
 
-`python benchmarks/studies/long_value_pretraining.py [--steps 12 --pretrain 8 --seeds 0,1,2]`;
+`python benchmarks/studies/long_value_pretraining.py [--steps 24 --pretrain 8 --seeds 0,1,2]`;
 writes benchmarks/studies/out/long_value_pretraining/{adv_position.png, length.png,
 explained_var.png, summary.md}. Steps are counted from the first policy update in every arm.
 diag/adv_pos_corr is the trainer's per-step Pearson correlation of advantage with token index
@@ -29,7 +29,7 @@ SHARED = ["actor.lr=5e-5", "critic.lr=1e-4", "rollout.n=4", "algorithm.lam=0.95"
 
 
 def main() -> None:
-    args, out = parse("long_value_pretraining", steps=12, pretrain=8)
+    args, out = parse("long_value_pretraining", steps=24, pretrain=8)
     pretrain = args.pretrain
     pre = [f"algorithm.value_pretrain_steps={pretrain}"]
     arms = {
