@@ -13,6 +13,7 @@ from reinforge.agents.loop import AgentRollout, StopScanner
 from reinforge.agents.parsers import get_parser
 from reinforge.tasks import build_char_tokenizer
 from reinforge.trainers.validation import prompts_batch
+from tests.agents.test_parsers import QWEN_LIKE
 
 REV = Tool("rev", "reverse", {"type": "object", "properties": {"s": {"type": "string"}}, "required": ["s"]},
            fn=lambda s: s[::-1])
@@ -168,19 +169,11 @@ def test_generated_ids_are_kept_where_re_encoding_would_merge_them():
     assert tok.decode(sampled, skip_special_tokens=True) == "ab"
 
 
-# A Qwen2.5-like chat template that lists `tools=` in a system turn and renders tool results as
-# <tool_response> blocks in a user turn (HF renders with trim_blocks: a newline right after a
-# block tag is dropped).
+# test_parsers' Qwen2.5-like template, plus a system turn listing `tools=` (HF renders with
+# trim_blocks: a newline right after a block tag is dropped).
 HERMES_TEMPLATE = (
     "{% if tools %}<|im_start|>system\n# Tools\n{% for t in tools %}{{ t | tojson }}\n{% endfor %}<|im_end|>\n{% endif %}"
-    "{% for m in messages %}"
-    "{% if m.role == 'tool' %}"
-    "{% if loop.first or messages[loop.index0 - 1].role != 'tool' %}<|im_start|>user{% endif %}"
-    "\n<tool_response>\n{{ m.content }}\n</tool_response>"
-    "{% if loop.last or messages[loop.index0 + 1].role != 'tool' %}<|im_end|>\n{% endif %}"
-    "{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}"
-    "{% endfor %}"
-    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    + QWEN_LIKE)
 
 
 def test_hermes_episode_is_the_chat_templates_conversation(tmp_path):
