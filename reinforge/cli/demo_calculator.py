@@ -6,7 +6,7 @@ a tool, on a 2-core CPU (issue 13; docs/agents.md).
     2. model     the ~3M-parameter random-init model of the arithmetic demo
     3. no tools  SFT on plain answers ("123*45=" -> "5535"): held-out greedy accuracy with no tool
     4. sft       SFT on tool-use demonstrations (presets/demo_calculator_sft.yaml), a checkpoint
-                 every 10 steps; the base is the first from step 80 on whose greedy accuracy with
+                 every 5 steps; the base is the first from step 80 on whose greedy accuracy with
                  the tool on 64 training prompts (not the held-out ones) reaches 40%
     5. rl        GRPO with the calculator tool (presets/demo_calculator_grpo.yaml), validated on
                  the held-out prompts before its first step (= the base, with the tool) and after
@@ -28,7 +28,7 @@ from reinforge.cli.demo import run_rl, run_sft, stage_seeds, trainer_seeds, val_
 TASK = {"task": "calculator", "n_train": 2000, "n_test": 200, "n_sft": 2000}
 QUICK_TASK = {"n_train": 32, "n_test": 8, "n_sft": 64}
 QUICK_SFT = ["trainer.total_steps=3", "optim.warmup_steps=0", "eval.max_samples=8", "eval.n=2", "eval.pass_k=[1,2]"]
-BASE_STEPS, BASE_TARGET, DEV_PROMPTS = range(80, 141, 10), 0.4, 64
+BASE_STEPS, BASE_TARGET, DEV_PROMPTS = range(80, 141, 5), 0.4, 64
 QUICK_RL = ["trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4", "rollout.val_n=2",
             "trainer.pass_k=[1,2]", "data.max_val_samples=8"]
 
