@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from common import ROOT, plt, series, smooth, table  # noqa: F401  (table: re-exported for the studies)
+from common import window_mean as window  # noqa: F401  (re-exported for the studies)
 
 BASE = ROOT / "runs" / "studies" / "long_base"
 TASK = {"digits": 3}
@@ -73,11 +74,9 @@ def get_base() -> tuple[Path, dict]:
 
 
 def _done(run_dir: Path, steps: int) -> bool:
-    f = run_dir / "metrics.jsonl"
-    if not f.exists():
+    if not (run_dir / "metrics.jsonl").exists():
         return False
-    rows = [json.loads(x) for x in f.read_text().splitlines() if x.strip()]
-    return any(r["step"] == steps and "val/acc_greedy" in r for r in rows)
+    return any(r["step"] == steps and "val/acc_greedy" in r for r in _rows(run_dir))
 
 
 def run_arms(study: str, arms: dict[str, tuple[str, list[str]]], args, total_steps=None) -> dict[str, list[list[dict]]]:
@@ -146,13 +145,6 @@ def band_plot(arms: dict[str, list[list[dict]]], key: str, title: str, ylabel: s
 def _xy(rows: list[dict], key: str, k: int) -> tuple[list[int], list[float]]:
     x, y = series(rows, key)
     return x, smooth(y, k)
-
-
-def window(rows: list[dict], key: str, first: int | None = None, last: int | None = None) -> float:
-    """Mean of `key` over the first or last few training steps of one run (nan if never logged)."""
-    _, y = series(rows, key)
-    y = y[:first] if first else y[-last:] if last else y
-    return statistics.fmean(y) if y else float("nan")
 
 
 def val(rows: list[dict], step: int | None = None, key: str = "val/acc_greedy") -> float:
