@@ -63,10 +63,10 @@ def build_model(out: Path) -> int:
     return n
 
 
-def stage_rates(m: dict) -> dict[str, float]:
-    """Tokens/s per stage from a step's metrics (0 where the stage did not run)."""
+def stage_rates(m: dict, rows: int) -> dict[str, float]:
+    """Tokens/s per stage from a step's metrics and its batch rows (0 where the stage did not run)."""
     tokens = m["perf/throughput"] * m["timing_s/step"]  # all tokens of the batch
-    resp = m["response_length/mean"] * m["_rows"]
+    resp = m["response_length/mean"] * rows
     out = {"gen": resp / m["timing_s/gen"]}
     for stage in ("old_log_prob", "ref", "update_actor"):
         t = m.get(f"timing_s/{stage}", 0.0)
@@ -118,8 +118,7 @@ def main() -> int:
     for step in range(1, args.steps + 1):
         trainer.step_idx = step
         m = trainer.step()
-        m["_rows"] = batch * n
-        r = stage_rates(m)
+        r = stage_rates(m, batch * n)
         gap_max, gap_mean = m["rollout_corr/logprob_gap_max"], m["rollout_corr/logprob_gap_abs_mean"]
         pg, kl, gn = m["actor/pg_loss"], m.get("actor/kl_loss", 0.0), m["actor/grad_norm"]
         print(f"| {step} | {r['gen']:,.0f} | {r['old_log_prob']:,.0f} | {r['ref']:,.0f} | {r['update_actor']:,.0f} | "
