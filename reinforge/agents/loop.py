@@ -348,13 +348,12 @@ def episode_metrics(trajectories: list[dict], prefix: str = "agent/") -> dict[st
 def prompt_tools(r) -> Callable:
     """row's `tools` column (or None) -> the OpenAI schemas of its tools (rollout.tools when the
     row names none): what a hermes chat template renders into the prompt (`tools=`)."""
-    from reinforge.agents.tools import load_tools
-
     tools, _ = agent_parts(r)
     default = [t.schema() for t in tools.values()]
 
     def schemas(value) -> list[dict]:
+        # Every row names its tools: resolve each list once (as the loop does), not once a row.
         names = row_tool_names(value)
-        return default if names is None else [t.schema() for t in load_tools(names).values()]
+        return default if names is None else [t.schema() for t in _cached_load_tools(names).values()]
 
     return schemas
