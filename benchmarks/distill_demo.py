@@ -54,11 +54,12 @@ def small_student(seed: int, out: Path) -> Path:
 
 
 def distill(seed: int, steps: int, out: Path, mode: str, student: Path, lr: float, label: str) -> Path:
+    from reinforge.cli.demo import trainer_seeds
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.trainers.rl import RLTrainer
 
-    d, k = demo_dir(seed), seed + 1  # the demo's trainer seeds (cli/demo.stage_seeds)
+    d = demo_dir(seed)
     run = out / f"{mode}_{label}_seed{seed}"
     overrides = [f"teacher.path={d / 'grpo/hf'}", f"model.path={student}",
                  f"data.train_files=[{d / 'data/train.parquet'}]", f"data.val_files=[{d / 'data/test.parquet'}]",
@@ -66,7 +67,7 @@ def distill(seed: int, steps: int, out: Path, mode: str, student: Path, lr: floa
                  "rollout.n=4", "data.val_batch_size=200", "data.max_val_samples=200", "rollout.val_n=4",
                  "trainer.pass_k=[1,4]", "trainer.val_sampled=always", "trainer.val_every=20",
                  "reward.functions=[{name: arithmetic}]", f"trainer.total_steps={steps}", f"actor.lr={lr}",
-                 "actor.micro_batch_size=128", f"trainer.seed={k}", f"data.seed={k}", f"trainer.run_dir={run}",
+                 "actor.micro_batch_size=128", *trainer_seeds(seed), f"trainer.run_dir={run}",
                  "trainer.report=false", "trainer.export_hf=false", f"teacher.mode={mode}"]
     RLTrainer(load_config(RLConfig, "distill", overrides)).fit(overwrite=True)
     return run
