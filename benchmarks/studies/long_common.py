@@ -99,18 +99,19 @@ def run_arms(study: str, arms: dict[str, tuple[str, list[str]]], args, total_ste
                    f"data.val_files=[{paths['test']}]", f"trainer.run_dir={run_dir}", f"trainer.total_steps={steps}",
                    f"trainer.seed={seed}", f"data.seed={seed}", *SHARED, *overrides, "--overwrite"]
             jobs.append((f"{name} seed {seed}", cmd, run_dir))
-    running: list[tuple[str, subprocess.Popen, float]] = []
+    running: list[tuple[str, subprocess.Popen, float, object]] = []
     while jobs or running:
         while jobs and len(running) < args.jobs:
             label, cmd, run_dir = jobs.pop(0)
             run_dir.mkdir(parents=True, exist_ok=True)
             log = open(run_dir.parent / f"{run_dir.name}.log", "w")
             print(f"[study] start {label}", file=sys.stderr, flush=True)
-            running.append((label, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), time.time()))
+            running.append((label, subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env), time.time(), log))
         time.sleep(2)
         for item in [r for r in running if r[1].poll() is not None]:
-            label, proc, t0 = item
+            label, proc, t0, log = item
             running.remove(item)
+            log.close()
             print(f"[study] done {label}: rc {proc.returncode}, {time.time() - t0:.0f} s", file=sys.stderr, flush=True)
             if proc.returncode != 0:
                 raise SystemExit(f"run {label} failed; see its .log next to its run dir")
