@@ -61,14 +61,12 @@ def parse_score(text: str, scale: float) -> tuple[float, bool]:
 
 
 def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> (ids, mask) (B, L), left-padded so every row's last real token is at L - 1."""
-    length = max(len(s) for s in seqs)
-    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), length), dtype=torch.long)
-    for b, s in enumerate(seqs):
-        ids[b, length - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[b, length - len(s):] = 1
-    return ids, mask
+    """Token lists -> (ids, mask) (B, L), left-padded to the longest, so every row's last real
+    token is at L - 1 (the rollout's left_pad, imported here: config validation imports this
+    module and should not pull in transformers)."""
+    from reinforge.workers.rollout.hf import left_pad
+
+    return left_pad(seqs, max(len(s) for s in seqs), pad_id)
 
 
 class JudgeScorer:
