@@ -101,15 +101,16 @@ def _model_kwargs(cfg: RLConfig) -> dict:
                 attn_implementation=m.attn_implementation)
 
 
-def load_actor_model(cfg: RLConfig):
-    """The actor's causal LM, wrapped with a LoRA adapter when model.lora_rank > 0."""
+def load_actor_model(cfg: RLConfig, *, train: bool = True):
+    """The actor's causal LM, wrapped with a LoRA adapter when model.lora_rank > 0. train=False:
+    a frozen copy for generation (eval mode, no gradients, no gradient checkpointing: use_cache stays on)."""
     m = cfg.model
-    model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **_model_kwargs(cfg))
+    model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, train=train, **_model_kwargs(cfg))
     if m.lora_rank > 0:
         from reinforge.models.lora import apply_lora
 
         model = apply_lora(model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
-    return model
+    return model if train else model.requires_grad_(False)
 
 
 def build_workers(cfg: RLConfig, shard=None) -> Workers:
@@ -156,11 +157,7 @@ def build_rank_engine(cfg: RLConfig, actor_model, rank: int, world: int):
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     if cfg.rollout.backend == "vllm":
         return RankEngine(RankVLLM(cfg, actor_model, tok, rank=rank, world=world))
-    dense = load_causal_lm(m.path, train=False, **_model_kwargs(cfg))  # no gradient checkpointing: use_cache stays on
-    if m.lora_rank > 0:
-        from reinforge.models.lora import apply_lora
-
-        dense = apply_lora(dense, m.lora_rank, m.lora_alpha, list(m.lora_target_modules)).requires_grad_(False)
+    dense = load_actor_model(cfg, train=False)
     return RankEngine(make_rollout(cfg, dense, tok), dense)
 
 
