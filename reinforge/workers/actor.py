@@ -146,7 +146,7 @@ class ActorWorker(TrainedWorkerState):
         tis_metrics = {}
         if "tis_cap" in batch.meta and "rollout_log_probs" in batch and "old_log_probs" in batch:
             w, tis_metrics = tis_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-                                         batch.meta.get("tis_cap", 2.0))
+                                         batch.meta["tis_cap"])
             batch = batch | Batch({"tis_weight": w})
         self.model.train()
         device = model_device(self.model)
