@@ -71,12 +71,8 @@ def smooth(y: list[float], k: int = 5) -> list[float]:
     return [statistics.fmean(y[max(0, i - k + 1): i + 1]) for i in range(len(y))]
 
 
-def plot(arms: dict[str, list[dict]], key: str, title: str, ylabel: str, path: Path, k: int = 5) -> None:
-    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
-    for name, rows in arms.items():
-        x, y = series(rows, key)
-        if x:
-            ax.plot(x, smooth(y, k), label=f"{name} (moving mean {k})", linewidth=1.8)
+def save_plot(fig, ax, title: str, ylabel: str, path: Path) -> None:
+    """Title, axes, grid and legend of a study plot over training steps; written to `path`."""
     ax.set_title(title)
     ax.set_xlabel("training step")
     ax.set_ylabel(ylabel)
@@ -85,6 +81,15 @@ def plot(arms: dict[str, list[dict]], key: str, title: str, ylabel: str, path: P
     fig.tight_layout()
     fig.savefig(path)
     plt.close(fig)
+
+
+def plot(arms: dict[str, list[dict]], key: str, title: str, ylabel: str, path: Path, k: int = 5) -> None:
+    fig, ax = plt.subplots(figsize=(6.4, 3.8), dpi=110)
+    for name, rows in arms.items():
+        x, y = series(rows, key)
+        if x:
+            ax.plot(x, smooth(y, k), label=f"{name} (moving mean {k})", linewidth=1.8)
+    save_plot(fig, ax, title, ylabel, path)
 
 
 def window_mean(rows: list[dict], key: str, first: int | None = None, last: int | None = None) -> float:

@@ -19,7 +19,7 @@ import sys
 import time
 from pathlib import Path
 
-from common import ROOT, plt, series, smooth, table  # noqa: F401  (table: re-exported for the studies)
+from common import ROOT, plt, save_plot, series, smooth, table  # noqa: F401  (table: re-exported for the studies)
 from common import window_mean as window  # noqa: F401  (re-exported for the studies)
 
 BASE = ROOT / "runs" / "studies" / "long_base"
@@ -133,14 +133,7 @@ def band_plot(arms: dict[str, list[list[dict]]], key: str, title: str, ylabel: s
         ys = [[c[x] for c in curves] for x in xs]
         line, = ax.plot(xs, [statistics.fmean(y) for y in ys], label=f"{name} (n={len(curves)})", linewidth=1.8)
         ax.fill_between(xs, [min(y) for y in ys], [max(y) for y in ys], color=line.get_color(), alpha=0.18)
-    ax.set_title(title)
-    ax.set_xlabel("training step")
-    ax.set_ylabel(ylabel)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
+    save_plot(fig, ax, title, ylabel, path)
 
 
 def _xy(rows: list[dict], key: str, k: int) -> tuple[list[int], list[float]]:
