@@ -1,7 +1,8 @@
 """Pure math of RL post-training: tensors in, tensors out. Imports only torch.
 
-Registries (name -> function), each raising ValueError on unknown names:
-``ADVANTAGE_ESTIMATORS``, ``POLICY_LOSSES``, ``KL_ESTIMATORS``, ``AGG_MODES``.
+Registries (``algos.registry.Registry``: name -> function, each entry owning the dataclass of
+the hyper-parameters it reads; ``.entry(name)`` raises ValueError on unknown names with the valid
+ones and a did-you-mean): ``ADVANTAGE_ESTIMATORS``, ``POLICY_LOSSES``, ``KL_ESTIMATORS``, ``AGG_MODES``.
 """
 
 from .advantages import (

@@ -4,20 +4,24 @@ Every estimator is ``fn(inp: AdvantageInput) -> (advantages (B, T), returns (B, 
 Group estimators take explicit ``group_ids`` (B,) int64 in any order with unequal group sizes;
 the group statistics are computed with ``torch.unique`` + ``index_add_`` (no Python loop).
 
-Which inputs each estimator needs (the config validator reads these sets):
-``NEEDS_VALUES`` (a critic), ``NEEDS_GROUPS`` (``group_ids``, i.e. rollout.n > 1 makes sense),
-``NEEDS_BASELINE`` (``baseline_rewards``, ReMax's greedy rollout reward), ``NEEDS_TOKEN_STATS``
-(``old_log_probs`` and ``sum_pi_squared`` from the actor's old-log-prob pass, run for them even on-policy).
+``ADVANTAGE_ESTIMATORS`` is an ``algos.registry.Registry``: each entry's params dataclass
+names the ``algorithm.<key>`` settings the estimator reads (copied into ``AdvantageInput`` by
+the trainer), and its traits say which inputs it needs (the config validator and the trainer
+read them; the module-level sets are derived from the traits): ``needs_values`` (a critic),
+``needs_groups`` (``group_ids``, i.e. rollout.n > 1 makes sense), ``needs_baseline``
+(``baseline_rewards``, ReMax's greedy rollout reward), ``needs_token_stats`` (``old_log_probs``
+and ``sum_pi_squared`` from the actor's old-log-prob pass, run for them even on-policy).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Callable
+from typing import Optional
 
 import torch
 
 from .masked import _safe_div, _zero_outside, masked_sum, masked_whiten, masked_whiten_
+from .registry import Registry, param
 from .scan import discount_levels, discounted_reverse_cumsum_with
 
 
@@ -331,33 +335,53 @@ def optimal_token_baseline(inp: AdvantageInput):
     return (ret - baseline[inv]) * m, ret
 
 
-AdvantageFn = Callable[[AdvantageInput], "tuple[torch.Tensor, torch.Tensor]"]
-
-ADVANTAGE_ESTIMATORS: dict[str, AdvantageFn] = {
-    "gae": gae,
-    "grpo": grpo,
-    "rloo": rloo,
-    "reinforce": reinforce,
-    "reinforce_plus_plus": reinforce_plus_plus,
-    "reinforce_plus_plus_baseline": reinforce_plus_plus_baseline,
-    "remax": remax,
-    "opo": opo,
-    "grpo_passk": grpo_passk,
-    "gpg": gpg,
-    "optimal_token_baseline": optimal_token_baseline,
-}
-NEEDS_VALUES = frozenset({"gae"})
-NEEDS_GROUPS = frozenset({"grpo", "rloo", "reinforce_plus_plus_baseline", "opo", "grpo_passk", "gpg",
-                          "optimal_token_baseline"})
-NEEDS_BASELINE = frozenset({"remax"})
-NEEDS_TOKEN_STATS = frozenset({"optimal_token_baseline"})
+# --------------------------------------------------------------------------- registry
+# Params: the algorithm.* keys an estimator reads (AdvantageInput's fields of the same meaning;
+# norm_adv_by_std is AdvantageInput.norm_by_std).
 
 
-def get_advantage_estimator(name: str) -> AdvantageFn:
+@dataclass
+class DiscountParams:
+    gamma: float = param(1.0, "[0, 1]", "Discount factor.")
+
+
+@dataclass
+class GAEParams(DiscountParams):
+    lam: float = param(1.0, "[0, 1]", "GAE lambda for the actor's advantages.")
+    lam_critic: Optional[float] = param(None, "[0, 1]", "GAE lambda for the critic's returns (VAPO decoupled GAE); "
+                                                        "None = lam.")
+    length_adaptive_alpha: Optional[float] = param(None, "(0, inf)", "VAPO length-adaptive lambda = 1 - 1/(alpha * L); "
+                                                                     "None disables.")
+
+
+@dataclass
+class GroupStdParams:
+    norm_adv_by_std: bool = param(True, None, "GRPO: divide by the group std (False = Dr.GRPO).")
+
+
+ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
+ADVANTAGE_ESTIMATORS.register("gae", gae, GAEParams, needs_values=True)
+ADVANTAGE_ESTIMATORS.register("grpo", grpo, GroupStdParams, needs_groups=True)
+ADVANTAGE_ESTIMATORS.register("rloo", rloo, needs_groups=True)
+ADVANTAGE_ESTIMATORS.register("reinforce", reinforce, doc="Plain REINFORCE (Williams, 1992) without a baseline: "
+                              "every token of a response gets its score (with 0/1 rewards: RAFT/RFT).")
+ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus", reinforce_plus_plus, DiscountParams)
+ADVANTAGE_ESTIMATORS.register("reinforce_plus_plus_baseline", reinforce_plus_plus_baseline, needs_groups=True)
+ADVANTAGE_ESTIMATORS.register("remax", remax, needs_baseline=True)
+ADVANTAGE_ESTIMATORS.register("opo", opo, needs_groups=True)
+ADVANTAGE_ESTIMATORS.register("grpo_passk", grpo_passk, GroupStdParams, needs_groups=True)
+ADVANTAGE_ESTIMATORS.register("gpg", gpg, needs_groups=True)
+ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", optimal_token_baseline, needs_groups=True,
+                              needs_token_stats=True)
+NEEDS_VALUES = ADVANTAGE_ESTIMATORS.with_trait("needs_values")
+NEEDS_GROUPS = ADVANTAGE_ESTIMATORS.with_trait("needs_groups")
+NEEDS_BASELINE = ADVANTAGE_ESTIMATORS.with_trait("needs_baseline")
+NEEDS_TOKEN_STATS = ADVANTAGE_ESTIMATORS.with_trait("needs_token_stats")
+
+
+def get_advantage_estimator(name: str):
     """Look up an estimator by name; unknown names raise ValueError listing the valid ones."""
-    if name not in ADVANTAGE_ESTIMATORS:
-        raise ValueError(f"unknown advantage estimator {name!r}; valid: {sorted(ADVANTAGE_ESTIMATORS)}")
-    return ADVANTAGE_ESTIMATORS[name]
+    return ADVANTAGE_ESTIMATORS.entry(name).fn
 
 
 @torch.no_grad()

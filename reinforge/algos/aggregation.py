@@ -1,6 +1,6 @@
 """Loss aggregation: a per-token loss matrix (B, T) -> a scalar.
 
-Modes (``AGG_MODES``):
+Modes (``AGG_MODES``, an ``algos.registry.Registry`` of one function per mode, no params):
 
 - ``token-mean``: sum of all valid token losses / number of valid tokens (DAPO token-level loss).
 - ``seq-mean-token-sum``: per-sequence sum of token losses, averaged over sequences.
@@ -28,8 +28,7 @@ from __future__ import annotations
 import torch
 
 from .masked import _safe_div, masked_mean, masked_sum
-
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm", "token-sum")
+from .registry import Registry
 
 
 def agg_denominators(mask: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -44,6 +43,45 @@ def agg_denominators(mask: torch.Tensor) -> dict[str, torch.Tensor]:
 
 def _as_tensor(v, like: torch.Tensor) -> torch.Tensor:
     return torch.as_tensor(v, dtype=like.dtype, device=like.device)
+
+
+def _token_sum(loss_mat, mask, num_tokens, num_seqs, norm_const):
+    return masked_sum(loss_mat, mask)  # a plain sum: micro-batch sums add up to the mini-batch's exactly
+
+
+def _token_mean(loss_mat, mask, num_tokens, num_seqs, norm_const):
+    den = mask.float().sum() if num_tokens is None else num_tokens
+    return _safe_div(masked_sum(loss_mat, mask), _as_tensor(den, loss_mat))
+
+
+def _seq_mean(seq: torch.Tensor, mask, num_seqs, like: torch.Tensor) -> torch.Tensor:
+    """Mean over sequences of seq (B,), by the global count of non-empty sequences."""
+    den = agg_denominators(mask)["num_seqs"] if num_seqs is None else num_seqs
+    return _safe_div(seq.sum(), _as_tensor(den, like))
+
+
+def _seq_mean_token_sum(loss_mat, mask, num_tokens, num_seqs, norm_const):
+    return _seq_mean(masked_sum(loss_mat, mask, dim=-1), mask, num_seqs, loss_mat)
+
+
+def _seq_mean_token_mean(loss_mat, mask, num_tokens, num_seqs, norm_const):
+    return _seq_mean(masked_mean(loss_mat, mask, dim=-1), mask, num_seqs, loss_mat)  # 0 for empty rows
+
+
+def _seq_mean_token_sum_norm(loss_mat, mask, num_tokens, num_seqs, norm_const):
+    const = loss_mat.shape[-1] if norm_const is None else norm_const
+    return _seq_mean(masked_sum(loss_mat, mask, dim=-1) / const, mask, num_seqs, loss_mat)
+
+
+AGG_MODES = Registry("loss aggregation mode")
+AGG_MODES.register("token-mean", _token_mean, doc="sum of valid token losses / valid tokens (DAPO token-level loss)")
+AGG_MODES.register("seq-mean-token-sum", _seq_mean_token_sum, doc="per-sequence sum, averaged over sequences")
+AGG_MODES.register("seq-mean-token-mean", _seq_mean_token_mean,
+                   doc="per-sequence mean, averaged over sequences (original GRPO)")
+AGG_MODES.register("seq-mean-token-sum-norm", _seq_mean_token_sum_norm,
+                   doc="per-sequence sum / norm_const (actor.loss_norm_const, default the max response length), "
+                       "averaged over sequences (Dr.GRPO)")
+AGG_MODES.register("token-sum", _token_sum, doc="sum of valid token losses, divided by nothing (veRL PR #7197)")
 
 
 def agg_loss(
@@ -61,19 +99,4 @@ def agg_loss(
     norm_const: Dr.GRPO constant for ``seq-mean-token-sum-norm`` (None -> T). A zero count
     gives a loss of 0 (never NaN).
     """
-    if mode not in AGG_MODES:
-        raise ValueError(f"unknown loss aggregation mode {mode!r}; valid: {list(AGG_MODES)}")
-    if mode == "token-sum":  # a plain sum: micro-batch sums add up to the mini-batch's exactly
-        return masked_sum(loss_mat, mask)
-    if mode == "token-mean":
-        den = mask.float().sum() if num_tokens is None else num_tokens
-        return _safe_div(masked_sum(loss_mat, mask), _as_tensor(den, loss_mat))
-    if mode == "seq-mean-token-sum":
-        seq = masked_sum(loss_mat, mask, dim=-1)  # (B,)
-    elif mode == "seq-mean-token-mean":
-        seq = masked_mean(loss_mat, mask, dim=-1)  # (B,), 0 for empty rows
-    else:  # seq-mean-token-sum-norm
-        const = loss_mat.shape[-1] if norm_const is None else norm_const
-        seq = masked_sum(loss_mat, mask, dim=-1) / const  # (B,)
-    den = agg_denominators(mask)["num_seqs"] if num_seqs is None else num_seqs
-    return _safe_div(seq.sum(), _as_tensor(den, loss_mat))
+    return AGG_MODES.entry(mode).fn(loss_mat, mask, num_tokens, num_seqs, norm_const)

@@ -18,9 +18,9 @@ with log r = log pi - log pi_ref:
 
 from __future__ import annotations
 
-from typing import Callable
-
 import torch
+
+from .registry import Registry
 
 LOG_RATIO_CLAMP = 20.0
 K3_CLAMP = 10.0
@@ -61,22 +61,16 @@ def kl_full(log_probs_full: torch.Tensor, ref_log_probs_full: torch.Tensor) -> t
     return (log_probs_full.exp() * (log_probs_full - ref_log_probs_full)).sum(-1)
 
 
-KL_ESTIMATORS: dict[str, Callable[[torch.Tensor, torch.Tensor], torch.Tensor]] = {
-    "k1": _k1,
-    "kl": _k1,
-    "abs": _abs,
-    "k2": _k2,
-    "mse": _k2,
-    "k3": _k3,
-    "low_var_kl": _k3,
-    "k1+": _straight_through(_k1),
-    "kl+": _straight_through(_k1),
-    "k2+": _k2,
-    "mse+": _k2,
-    "k3+": _straight_through(_k3),
-    "low_var_kl+": _straight_through(_k3),
-    "full": kl_full,
-}
+KL_ESTIMATORS = Registry("KL estimator")
+KL_ESTIMATORS.register("k1", _k1, aliases=("kl",), doc="log r (unbiased, high variance, can be negative)")
+KL_ESTIMATORS.register("abs", _abs, doc="|log r|")
+KL_ESTIMATORS.register("k2", _k2, aliases=("mse", "k2+", "mse+"), doc="0.5 (log r)^2 (a `+` keeps k2: its gradient is k2's)")
+KL_ESTIMATORS.register("k3", _k3, aliases=("low_var_kl",),
+                       doc="exp(-log r) + log r - 1 (unbiased, >= 0, low variance; log r clamped to +-20, result to +-10)")
+KL_ESTIMATORS.register("k1+", _straight_through(_k1), aliases=("kl+",), doc="the value of k1, the gradient of k2")
+KL_ESTIMATORS.register("k3+", _straight_through(_k3), aliases=("low_var_kl+",), doc="the value of k3, the gradient of k2")
+KL_ESTIMATORS.register("full", kl_full,
+                       doc="exact KL from full (..., V) log-prob rows (not for the trainer, which has (B, T))")
 
 
 def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: str) -> torch.Tensor:
@@ -84,9 +78,7 @@ def kl_penalty(log_probs: torch.Tensor, ref_log_probs: torch.Tensor, estimator: 
 
     For ``estimator="full"`` pass full rows (B, T, V) and get (B, T).
     """
-    if estimator not in KL_ESTIMATORS:
-        raise ValueError(f"unknown KL estimator {estimator!r}; valid: {sorted(KL_ESTIMATORS)}")
-    return KL_ESTIMATORS[estimator](log_probs, ref_log_probs)
+    return KL_ESTIMATORS.entry(estimator).fn(log_probs, ref_log_probs)
 
 
 class FixedKLController:

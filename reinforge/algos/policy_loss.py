@@ -2,12 +2,14 @@
 
 Every loss is::
 
-    fn(log_probs, old_log_probs, advantages, response_mask, *,
-       clip_low=0.2, clip_high=0.2, clip_c=None, **hyper) -> (loss_mat (B, T), metrics)
+    fn(log_probs, old_log_probs, advantages, response_mask, *, **hyper) -> (loss_mat (B, T), metrics)
 
-Losses with their own hyper-parameters (sapo's tau_pos/tau_neg, clip_cov's and kl_cov's
-ratios and bounds, clip_cov's ``generator``, dro's dro_beta) declare them as keywords;
-``loss_kwargs`` picks from a pool of hyper-parameters the ones a loss declares.
+where ``hyper`` are exactly the fields of the params dataclass the loss is registered with
+(``POLICY_LOSSES``, an ``algos.registry.Registry``; the registry checks the signature against
+the dataclass, so no loss accepts a setting it ignores). Each field is also the ``actor.<name>``
+config key, with its default, range and description; clip_cov also takes the runtime keyword
+``generator`` (its seeded draw). ``POLICY_LOSSES.entry(name).kwargs(actor_cfg, generator=g)``
+builds one call's keywords.
 
 log_probs (B, T) carry the gradient; old_log_probs, advantages (B, T) are constants. The
 loss matrix is per token (0 outside the mask); reduce it with ``aggregation.agg_loss``.
@@ -23,13 +25,65 @@ Metric tensors (scalars, detached), all masked means over valid tokens:
 
 from __future__ import annotations
 
-import inspect
-from typing import Callable
+from dataclasses import dataclass
+from typing import Optional
 
 import torch
 
 from .kl import LOG_RATIO_CLAMP  # one bound on |log ratio| for the losses and the KL
 from .masked import _zero_outside, masked_mean
+from .registry import Registry, param
+
+
+# --------------------------------------------------------------------------- hyper-parameters
+
+
+@dataclass
+class ClipParams:
+    clip_low: float = param(0.2, "[0, 1)", "Lower clip range: ratio >= 1 - clip_low.")
+    clip_high: float = param(0.2, "[0, inf)", "Upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28).")
+
+
+@dataclass
+class DualClipParams(ClipParams):
+    clip_c: Optional[float] = param(None, "(1, inf)", "Dual-clip constant (> 1) bounding the loss for negative "
+                                                      "advantages (dppo_*: the IS-ratio cap, 20 when None); None disables.")
+
+
+@dataclass
+class SapoParams:
+    tau_pos: float = param(1.0, "(0, inf)", "sapo: gate temperature for tokens with A > 0 (veRL's default).")
+    tau_neg: float = param(1.05, "(0, inf)", "sapo: gate temperature for tokens with A <= 0 (veRL's default).")
+
+
+@dataclass
+class ClipCovParams(ClipParams):
+    clip_cov_ratio: float = param(0.0002, "(0, 1]", "clip_cov: fraction of valid tokens whose gradient is removed "
+                                                    "(at least one).")
+    clip_cov_lb: float = param(1.0, "(-inf, inf)", "clip_cov: only tokens with covariance above this are candidates.")
+    clip_cov_ub: float = param(5.0, "(-inf, inf)", "clip_cov: only tokens with covariance below this are candidates.")
+
+
+def _check_clip_cov(p: ClipCovParams) -> None:
+    if not p.clip_cov_lb < p.clip_cov_ub:
+        raise ValueError(f"clip_cov_lb={p.clip_cov_lb} must be below clip_cov_ub={p.clip_cov_ub} "
+                         "(clip_cov's covariance window)")
+
+
+@dataclass
+class KLCovParams:
+    kl_cov_ratio: float = param(0.0002, "(0, 1]", "kl_cov: fraction of valid tokens (largest covariance, at least "
+                                                  "one) given the KL penalty.")
+    ppo_kl_coef: float = param(0.1, "[0, inf)", "kl_cov: weight of the |log ratio| penalty on the selected tokens.")
+
+
+@dataclass
+class DroParams:
+    dro_beta: float = param(0.05, "[0, inf)", "dro: weight of the quadratic log-ratio penalty, "
+                                              "(dro_beta / 2) (log pi - log pi_old)^2.")
+
+
+# --------------------------------------------------------------------------- losses
 
 
 def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
@@ -101,12 +155,12 @@ def gspo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, c
     return _zero_outside(loss, response_mask), metrics
 
 
-def cispo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+def cispo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2):
     """CISPO (MiniMax-M1, https://arxiv.org/abs/2506.13585): clipped IS weight times log-prob.
 
     loss = -sg(clip(r, 1 - clip_low, 1 + clip_high)) * A * log pi. Every token keeps a
     gradient (only the weight is clipped). The paper effectively disables the lower bound:
-    pass clip_low >= 1 for that. clip_c is not used (there is no surrogate to dual-clip).
+    pass clip_low >= 1 for that. No dual clip (there is no surrogate to bound).
     pg_clipfrac: weight clipped at the upper bound; pg_clipfrac_lower: at the lower bound.
     """
     ratio = torch.exp(_log_ratio(log_probs, old_log_probs)).detach()
@@ -117,14 +171,14 @@ def cispo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, 
     return _zero_outside(loss, response_mask), metrics
 
 
-def gmpo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
+def gmpo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2):
     """GMPO (https://arxiv.org/abs/2507.20673): geometric mean of token ratios per sequence.
 
     Token log-ratios are clipped in log space to [-clip_low, clip_high] on the side that
     binds for the advantage sign (the PPO min, taken in log space); the sequence ratio is
     exp(mean over valid tokens of the clipped log-ratios); loss_t = -A_t * seq_ratio. Note the
     bounds are log-space: the paper uses 0.4 (ratio in [e^-0.4, e^0.4]), so pass
-    clip_low=clip_high=0.4 explicitly. clip_c is unused.
+    clip_low=clip_high=0.4 explicitly. No dual clip.
     Use seq-mean-token-mean aggregation to recover the paper's per-sequence mean.
     """
     lr = _log_ratio(log_probs, old_log_probs)
@@ -139,8 +193,8 @@ def gmpo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, c
     return _zero_outside(loss, response_mask), metrics
 
 
-def vanilla(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
-    """Plain policy gradient -A * r with r = pi / pi_old, no clipping (clip_* are unused).
+def vanilla(log_probs, old_log_probs, advantages, response_mask):
+    """Plain policy gradient -A * r with r = pi / pi_old, no clipping.
 
     On-policy (r = 1) its gradient is -A * grad log pi, the REINFORCE gradient.
     """
@@ -150,8 +204,8 @@ def vanilla(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2
     return _zero_outside(loss, response_mask), metrics
 
 
-def reinforce(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2, clip_c=None):
-    """REINFORCE surrogate -A * log pi, no ratio and no clip (clip_* are unused).
+def reinforce(log_probs, old_log_probs, advantages, response_mask):
+    """REINFORCE surrogate -A * log pi, no ratio and no clip.
 
     Its gradient is -A * grad log pi at any weights, not only on-policy (unlike ``vanilla``'s
     -A * r, whose gradient is -A * r * grad log pi). veRL's ``reinforce`` loss without its
@@ -163,15 +217,13 @@ def reinforce(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0
     return _zero_outside(loss, response_mask), metrics
 
 
-def sapo(log_probs, old_log_probs, advantages, response_mask, *, tau_pos=1.0, tau_neg=1.05,
-         clip_low=0.2, clip_high=0.2, clip_c=None):
+def sapo(log_probs, old_log_probs, advantages, response_mask, *, tau_pos=1.0, tau_neg=1.05):
     """SAPO (https://arxiv.org/abs/2511.20347): a soft gate on the ratio instead of a hard clip.
 
     loss = -A * f(r), f(r) = (4 / tau) * sigmoid(tau * (r - 1)), tau = tau_pos where A > 0 else
     tau_neg (veRL's defaults 1.0 / 1.05). f(1) = 2 / tau and f'(1) = 1, so on-policy the gradient
     is the plain policy gradient; away from r = 1 the gradient f'(r) = 4 s (1 - s) decays
-    smoothly instead of dropping to zero at a bound. clip_* are unused and both clip fractions
-    are 0 (as in veRL). The paper aggregates with seq-mean-token-mean (veRL forces it; here
+    smoothly instead of dropping to zero at a bound. Both clip fractions are 0 (as in veRL). The paper aggregates with seq-mean-token-mean (veRL forces it; here
     actor.loss_agg_mode decides).
     """
     ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
@@ -204,8 +256,8 @@ def _top_count(ratio: float, mask: torch.Tensor) -> torch.Tensor:
     return torch.clamp(torch.floor(ratio * mask.float().sum()), min=1.0)
 
 
-def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, clip_cov_ratio=0.0002,
-             clip_cov_lb=1.0, clip_cov_ub=5.0, generator=None, clip_low=0.2, clip_high=0.2, clip_c=None):
+def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, clip_high=0.2,
+             clip_cov_ratio=0.0002, clip_cov_lb=1.0, clip_cov_ub=5.0, generator=None):
     """Clip-Cov (Cui et al., https://arxiv.org/abs/2505.22617): PPO clip, plus detaching a few
     high-covariance tokens.
 
@@ -213,7 +265,7 @@ def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, clip_cov_ra
     (``_token_cov``) lies in (clip_cov_lb, clip_cov_ub), max(floor(clip_cov_ratio * valid), 1)
     are drawn uniformly at random (``generator`` seeds the draw) and their loss is set to 0, so
     they give no gradient. pg_clipfrac: the fraction of tokens so removed (veRL's definition);
-    pg_clipfrac_lower: 0. clip_c is unused (as in veRL). Defaults are veRL's.
+    pg_clipfrac_lower: 0. No dual clip (as in veRL). Defaults are veRL's.
     """
     ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
     loss, clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
@@ -228,14 +280,13 @@ def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, clip_cov_ra
     return _zero_outside(loss, response_mask), metrics
 
 
-def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, kl_cov_ratio=0.0002, ppo_kl_coef=0.1,
-           clip_low=0.2, clip_high=0.2, clip_c=None):
+def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, kl_cov_ratio=0.0002, ppo_kl_coef=0.1):
     """KL-Cov (Cui et al., https://arxiv.org/abs/2505.22617): unclipped -A * r, plus a KL penalty
     on the highest-covariance tokens.
 
     The max(floor(kl_cov_ratio * valid), 1) valid tokens with the largest covariance
     (``_token_cov``) get loss -A * r + ppo_kl_coef * |log r|; the others -A * r. There is no
-    ratio clip (clip_* are unused). pg_clipfrac: the fraction of penalised tokens (veRL reports
+    ratio clip. pg_clipfrac: the fraction of penalised tokens (veRL reports
     none); ppo_kl stays the k1 mean like every loss here (veRL's kl_cov logs mean |log r|).
     Defaults are veRL's config defaults.
     """
@@ -293,14 +344,13 @@ def dppo_kl(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2
                  (bkl > clip_high) & (p > p_old), (bkl > clip_low) & (p < p_old), clip_c)
 
 
-def dro(log_probs, old_log_probs, advantages, response_mask, *, dro_beta=0.05,
-        clip_low=0.2, clip_high=0.2, clip_c=None):
+def dro(log_probs, old_log_probs, advantages, response_mask, *, dro_beta=0.05):
     """DRO-style loss (Direct Reward Optimization, https://arxiv.org/abs/2405.19107; veRL ``dro``,
     verl-project/verl PR #7245): -(A * log pi - (dro_beta / 2) * (log pi - log pi_old)^2).
 
     The REINFORCE term plus a quadratic penalty on the log-ratio, which replaces the clip as
     the trust region: the gradient is (-A + dro_beta * log r) * grad log pi. The penalty applies
-    at every valid token, whatever its advantage. clip_* are unused; no token is clipped.
+    at every valid token, whatever its advantage. No token is clipped.
     """
     lr = _log_ratio(log_probs, old_log_probs)
     loss = -advantages * log_probs + 0.5 * dro_beta * lr.square()
@@ -308,33 +358,21 @@ def dro(log_probs, old_log_probs, advantages, response_mask, *, dro_beta=0.05,
     return _zero_outside(loss, response_mask), metrics
 
 
-PolicyLossFn = Callable[..., "tuple[torch.Tensor, dict[str, torch.Tensor]]"]
-
-POLICY_LOSSES: dict[str, PolicyLossFn] = {
-    "ppo_clip": ppo_clip,
-    "gspo": gspo,
-    "cispo": cispo,
-    "gmpo": gmpo,
-    "vanilla": vanilla,
-    "reinforce": reinforce,
-    "gpg": reinforce,
-    "sapo": sapo,
-    "clip_cov": clip_cov,
-    "kl_cov": kl_cov,
-    "dppo_tv": dppo_tv,
-    "dppo_kl": dppo_kl,
-    "dro": dro,
-}
+POLICY_LOSSES = Registry("policy loss", check_signature=True)
+POLICY_LOSSES.register("ppo_clip", ppo_clip, DualClipParams)
+POLICY_LOSSES.register("gspo", gspo, DualClipParams)
+POLICY_LOSSES.register("cispo", cispo, ClipParams)
+POLICY_LOSSES.register("gmpo", gmpo, ClipParams)
+POLICY_LOSSES.register("vanilla", vanilla)
+POLICY_LOSSES.register("reinforce", reinforce, aliases=("gpg",))
+POLICY_LOSSES.register("sapo", sapo, SapoParams)
+POLICY_LOSSES.register("clip_cov", clip_cov, ClipCovParams, validate=_check_clip_cov, runtime=("generator",))
+POLICY_LOSSES.register("kl_cov", kl_cov, KLCovParams)
+POLICY_LOSSES.register("dppo_tv", dppo_tv, DualClipParams)
+POLICY_LOSSES.register("dppo_kl", dppo_kl, DualClipParams)
+POLICY_LOSSES.register("dro", dro, DroParams)
 
 
-def get_policy_loss(name: str) -> PolicyLossFn:
-    """Look up a policy loss by name; unknown names raise ValueError listing the valid ones."""
-    if name not in POLICY_LOSSES:
-        raise ValueError(f"unknown policy loss {name!r}; valid: {sorted(POLICY_LOSSES)}")
-    return POLICY_LOSSES[name]
-
-
-def loss_kwargs(fn: PolicyLossFn, **pool) -> dict:
-    """The entries of pool that fn takes as keywords (each loss ignores the others' settings)."""
-    params = inspect.signature(fn).parameters
-    return {k: v for k, v in pool.items() if k in params}
+def get_policy_loss(name: str):
+    """The loss function by name; unknown names raise ValueError listing the valid ones."""
+    return POLICY_LOSSES.entry(name).fn

@@ -6,6 +6,10 @@ RANGES maps a config dataclass's name (not the class: the config modules import 
 "(0, inf)"; "each [1, inf)" applies to every element of a list. A None value passes (Optional
 fields: None means "off"). tests/test_config.py checks that every int/float field of every
 config has an entry, so a new knob cannot skip the table.
+
+The algorithm registries' hyper-parameters (actor.clip_low, algorithm.lam, ...) are not in the
+table: their ranges are their params' (reinforge.algos.registry.param, read through
+config/registries.py), as are those of any field declared with `param(...)`.
 """
 from __future__ import annotations
 
@@ -13,6 +17,7 @@ from dataclasses import fields, is_dataclass
 from typing import Any
 
 from reinforge.config.load import ConfigError
+from reinforge.config.registries import param_range
 
 # > 0; >= 0 (a real, then a count); >= 1 (a size); a fraction; a probability that cannot be 0.
 POS, NONNEG, COUNT, SIZE, UNIT, PROB = "(0, inf)", "[0, inf)", "[0, inf)", "[1, inf)", "[0, 1]", "(0, 1]"
@@ -33,16 +38,13 @@ RANGES: dict[str, dict[str, str]] = {
                           micro_batch_size=SIZE, val_n=SIZE, val_temperature=POS, gpu_memory_utilization=PROB,
                           tis_cap=POS, staleness=COUNT, stream_prompts=COUNT, max_turns=SIZE),
     "ActorConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=SIZE,
-                        max_tokens_per_micro_batch=COUNT, clip_low="[0, 1)", clip_high=NONNEG, clip_c="(1, inf)",
-                        loss_norm_const=POS, entropy_coeff=NONNEG, kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE,
-                        tau_pos=POS, tau_neg=POS, clip_cov_ratio=PROB, clip_cov_lb="(-inf, inf)",
-                        clip_cov_ub="(-inf, inf)", kl_cov_ratio=PROB, ppo_kl_coef=NONNEG,
-                        dro_beta=NONNEG),
+                        max_tokens_per_micro_batch=COUNT, loss_norm_const=POS, entropy_coeff=NONNEG,
+                        kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE),  # + the policy losses' params
     "CriticConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=SIZE,
                          max_tokens_per_micro_batch=COUNT, cliprange_value=POS, warmup_actor_freeze_steps=COUNT),
-    "AlgorithmConfig": dict(gamma=UNIT, lam=UNIT, lam_critic=UNIT, length_adaptive_alpha=POS, kl_coef=NONNEG,
-                            target_kl=POS, kl_horizon=SIZE, max_gen_rounds=SIZE, overlong_buffer_len=COUNT,
-                            overlong_penalty_factor=NONNEG, value_pretrain_steps=COUNT),
+    "AlgorithmConfig": dict(kl_coef=NONNEG, target_kl=POS, kl_horizon=SIZE, max_gen_rounds=SIZE,
+                            overlong_buffer_len=COUNT, overlong_penalty_factor=NONNEG,
+                            value_pretrain_steps=COUNT),  # + the advantage estimators' params
     "RewardConfig": dict(num_workers=COUNT, timeout_s=POS, default_score="(-inf, inf)", max_error_rate=UNIT,
                          clip_min="(-inf, inf)", clip_max="(-inf, inf)"),
     "LengthPenaltyConfig": dict(coef=NONNEG, free_tokens=COUNT),
@@ -73,7 +75,14 @@ def in_interval(value: float, interval: str) -> bool:
 
 
 def range_of(cls: type, name: str) -> str | None:
-    """The interval of field `name` of dataclass `cls`: the nearest class in its MRO that lists it."""
+    """The interval of field `name` of dataclass `cls`: its `param(...)` range, else its registry
+    param's (config/registries.py), else the nearest class in its MRO that lists it in RANGES."""
+    f = getattr(cls, "__dataclass_fields__", {}).get(name)
+    if f is not None and f.metadata.get("range") is not None:
+        return f.metadata["range"]
+    spec = param_range(cls, name)
+    if spec is not None:
+        return spec
     for klass in cls.__mro__:
         spec = RANGES.get(klass.__name__, {}).get(name)
         if spec is not None:

@@ -140,14 +140,18 @@ class ActorConfig(AdamWConfig):
     shuffle: bool = True
     """Shuffle sequences before splitting into mini-batches (seeded)."""
     policy_loss: str = "ppo_clip"
-    """Surrogate by name: ppo_clip, gspo, cispo, gmpo, vanilla, reinforce, gpg, sapo, clip_cov, kl_cov,
-    dppo_tv, dppo_kl, dro (docs/algorithms.md)."""
+    """Surrogate by name: an entry of reinforge.algos.policy_loss.POLICY_LOSSES (ppo_clip, gspo, cispo,
+    sapo, ...; docs/algorithms.md lists them with the keys below that each reads)."""
+    # The policy losses' hyper-parameters: each is a field of a loss's params dataclass in
+    # reinforge/algos/policy_loss.py, which owns its default, range and description (the range
+    # check reads it there); config/registries.check_section keeps these fields equal to them.
     clip_low: float = 0.2
     """Lower clip range: ratio >= 1 - clip_low."""
     clip_high: float = 0.2
     """Upper clip range: ratio <= 1 + clip_high (DAPO clip-higher: 0.28)."""
     clip_c: Optional[float] = None
-    """Dual-clip constant (> 1) bounding the loss for negative advantages; None disables."""
+    """Dual-clip constant (> 1) bounding the loss for negative advantages (dppo_*: the IS-ratio cap,
+    20 when None); None disables."""
     tau_pos: float = 1.0
     """sapo: gate temperature for tokens with A > 0 (veRL's default)."""
     tau_neg: float = 1.05
@@ -164,6 +168,7 @@ class ActorConfig(AdamWConfig):
     """kl_cov: weight of the |log ratio| penalty on the selected tokens."""
     dro_beta: float = 0.05
     """dro: weight of the quadratic log-ratio penalty, (dro_beta / 2) (log pi - log pi_old)^2."""
+    # (end of the policy losses' hyper-parameters)
     loss_agg_mode: str = "token-mean"
     """token-mean, seq-mean-token-sum, seq-mean-token-mean, seq-mean-token-sum-norm or token-sum."""
     loss_norm_const: Optional[float] = None
@@ -206,7 +211,10 @@ class CriticConfig(AdamWConfig):
 @dataclass
 class AlgorithmConfig:
     adv_estimator: str = "grpo"
-    """Advantage estimator by name: gae, grpo, rloo, reinforce_plus_plus, ..."""
+    """Advantage estimator by name: an entry of reinforge.algos.advantages.ADVANTAGE_ESTIMATORS
+    (gae, grpo, rloo, reinforce_plus_plus, ...; docs/algorithms.md)."""
+    # The estimators' hyper-parameters, owned by their params dataclasses in
+    # reinforge/algos/advantages.py (defaults, ranges, descriptions; see ActorConfig).
     gamma: float = 1.0
     """Discount factor."""
     lam: float = 1.0
@@ -217,6 +225,7 @@ class AlgorithmConfig:
     """VAPO length-adaptive lambda = 1 - 1/(alpha * L); None disables."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False = Dr.GRPO)."""
+    # (end of the estimators' hyper-parameters)
     use_kl_in_reward: bool = False
     """Subtract beta * KL(actor || reference) from the token rewards (PPO-style)."""
     kl_penalty: str = "k1"

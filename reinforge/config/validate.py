@@ -14,6 +14,7 @@ from reinforge.config.common import AdamWConfig
 from reinforge.config.hints import did_you_mean
 from reinforge.config.load import ConfigError
 from reinforge.config.ranges import check_ranges
+from reinforge.config.registries import check_entries
 from reinforge.config.schema import RLConfig
 from reinforge.data.hf_datasets import is_dataset_source
 from reinforge.data.rl_dataset import OVERLONG_POLICIES
@@ -212,20 +213,13 @@ def check_agent(r) -> None:
 
 def validate(cfg: RLConfig) -> RLConfig:
     """Check `cfg` and fill `cfg.derived`. Returns the same object."""
-    from reinforge.algos import advantages, aggregation, kl, policy_loss
+    from reinforge.algos import advantages, kl
 
     a, r, act, crit = cfg.algorithm, cfg.rollout, cfg.actor, cfg.critic
     check_ranges(cfg)
     check_model_path(cfg.model.path, "model.path")
     check_data_files(cfg.data.train_files, {"data.val_files": cfg.data.val_files})
-    check_name(a.adv_estimator, advantages.ADVANTAGE_ESTIMATORS, "algorithm.adv_estimator")
-    check_name(act.policy_loss, policy_loss.POLICY_LOSSES, "actor.policy_loss")
-    need(act.clip_cov_lb < act.clip_cov_ub, f"actor.clip_cov_lb={act.clip_cov_lb} must be below "
-                                            f"actor.clip_cov_ub={act.clip_cov_ub} (clip_cov's covariance window)")
-    check_name(act.loss_agg_mode, aggregation.AGG_MODES, "actor.loss_agg_mode")
-    check_name(crit.loss_agg_mode, aggregation.AGG_MODES, "critic.loss_agg_mode")
-    check_name(act.kl_loss_type, kl.KL_ESTIMATORS, "actor.kl_loss_type")
-    check_name(a.kl_penalty, kl.KL_ESTIMATORS, "algorithm.kl_penalty")
+    check_entries(cfg)  # the registry names (did-you-mean) and each selected entry's params rules
     for key, name in (("actor.kl_loss_type", act.kl_loss_type), ("algorithm.kl_penalty", a.kl_penalty)):
         # kl_penalty(..., "full") takes (B, T, V) log-prob rows; the trainer holds (B, T).
         need(name != "full", f"{key}='full' needs log-probs over the whole vocabulary; the trainer has the "

@@ -16,7 +16,7 @@ import torch
 from reinforge.algos.aggregation import agg_denominators, agg_loss
 from reinforge.algos.kl import kl_penalty
 from reinforge.algos.masked import masked_mean
-from reinforge.algos.policy_loss import get_policy_loss, loss_kwargs
+from reinforge.algos.policy_loss import POLICY_LOSSES
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.packing import micro_batches, packed_response_logprobs, restore_order
@@ -64,14 +64,11 @@ class ActorWorker(TrainedWorkerState):
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, cfg.lr, cfg.weight_decay, cfg.betas)
         self.sched = make_scheduler(self.opt, cfg.warmup_steps, total_steps, cfg.lr_schedule)
-        self.loss_fn = get_policy_loss(cfg.policy_loss)
+        loss = POLICY_LOSSES.entry(cfg.policy_loss)
+        self.loss_fn = loss.fn
         self.gen = torch.Generator().manual_seed(seed)
-        # each loss takes only the hyper-parameters it declares; clip_cov draws from self.gen
-        self.loss_kw = loss_kwargs(self.loss_fn, clip_low=cfg.clip_low, clip_high=cfg.clip_high, clip_c=cfg.clip_c,
-                                   tau_pos=cfg.tau_pos, tau_neg=cfg.tau_neg, clip_cov_ratio=cfg.clip_cov_ratio,
-                                   clip_cov_lb=cfg.clip_cov_lb, clip_cov_ub=cfg.clip_cov_ub,
-                                   kl_cov_ratio=cfg.kl_cov_ratio, ppo_kl_coef=cfg.ppo_kl_coef, dro_beta=cfg.dro_beta,
-                                   generator=self.gen)
+        # the loss's own params, read from cfg (its keys); clip_cov also draws from self.gen
+        self.loss_kw = loss.kwargs(cfg, generator=self.gen)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
         self.gkd: GKDTerm | None = None  # teacher.mode=gkd: set by trainers/rl_setup.make_teacher
 

@@ -9,7 +9,7 @@ import torch
 from reinforge.agents.base import Tool, ToolCall
 from reinforge.agents.loop import AgentRollout
 from reinforge.algos.aggregation import AGG_MODES, agg_denominators, agg_loss
-from reinforge.algos.policy_loss import POLICY_LOSSES, loss_kwargs
+from reinforge.algos.policy_loss import POLICY_LOSSES
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.loading import load_causal_lm
@@ -108,7 +108,7 @@ def test_observation_positions_get_exactly_zero_gradient(setup, name):
     old = lp.detach() + 0.2 * torch.randn(mask.shape, generator=g)
     adv = torch.randn(mask.shape, generator=g)
     fn = POLICY_LOSSES[name]
-    kw = loss_kwargs(fn, generator=torch.Generator().manual_seed(0))
+    kw = POLICY_LOSSES.entry(name).kwargs(generator=torch.Generator().manual_seed(0))
     for mode in AGG_MODES:
         loss_mat, _ = fn(lp, old, adv, mask, **kw)
         (grad,) = torch.autograd.grad(agg_loss(loss_mat, mask, mode), lp)

@@ -4,12 +4,13 @@ one-step GRPO run with each loss."""
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 import torch
 
 from reinforge.algos import agg_loss, get_policy_loss, kl_penalty
-from reinforge.algos.policy_loss import POLICY_LOSSES, loss_kwargs
+from reinforge.algos.policy_loss import POLICY_LOSSES
 from reinforge.cli.main import main
 from reinforge.config.load import ConfigError, load_config
 from reinforge.config.schema import RLConfig
@@ -174,10 +175,11 @@ def test_token_sum_aggregation_divides_by_nothing():
 
 
 def test_loss_kwargs_picks_what_each_loss_declares():
-    pool = dict(clip_low=0.1, clip_high=0.3, clip_c=3.0, tau_pos=2.0, kl_cov_ratio=0.1, generator=None)
-    assert loss_kwargs(get_policy_loss("sapo"), **pool) == dict(clip_low=0.1, clip_high=0.3, clip_c=3.0, tau_pos=2.0)
-    assert "generator" in loss_kwargs(get_policy_loss("clip_cov"), **pool)
-    assert "tau_pos" not in loss_kwargs(get_policy_loss("ppo_clip"), **pool)
+    # issue 21: a loss declares only what it reads (sapo took and ignored clip_low/clip_high/clip_c before)
+    pool = SimpleNamespace(clip_low=0.1, clip_high=0.3, clip_c=3.0, tau_pos=2.0, kl_cov_ratio=0.1)
+    assert POLICY_LOSSES.entry("sapo").kwargs(pool, generator=None) == dict(tau_pos=2.0, tau_neg=1.05)
+    assert "generator" in POLICY_LOSSES.entry("clip_cov").kwargs(pool, generator=None)
+    assert "tau_pos" not in POLICY_LOSSES.entry("ppo_clip").kwargs(pool, generator=None)
 
 
 @pytest.mark.parametrize("plus, base", [("low_var_kl+", "k3"), ("k3+", "k3"), ("kl+", "k1"), ("k2+", "k2"),
