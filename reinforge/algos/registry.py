@@ -167,16 +167,18 @@ def _cell(text: str) -> str:
 
 
 def markdown_table(reg: Registry, traits: Mapping[str, str] | None = None) -> str:
-    """The docs table of a registry: one row per entry (its aliases, the names of its
-    parameters, the traits named in ``traits`` {trait: shown text}, its description)."""
-    traits = traits or {}
-    rows = ["| name | parameters | " + ("needs | " if traits else "") + "description |",
-            "|---|---|" + ("---|" if traits else "") + "---|"]
+    """The docs table of a registry: one row per entry (its aliases, the names of its parameters
+    when the registry has any, the traits named in ``traits`` {trait: shown text}, its description)."""
+    traits, with_params = traits or {}, bool(reg.param_fields())
+    cols = ["name"] + ["parameters"] * with_params + ["needs"] * bool(traits) + ["description"]
+    rows = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
     for e in reg.entries():
-        names = ", ".join(f"`{n}`" for n in (e.name, *e.aliases))
-        ps = ", ".join(f"`{f.name}`" for f in e.param_fields()) or "-"
-        needs = ", ".join(text for t, text in traits.items() if e.traits.get(t)) or "-"
-        rows.append(f"| {names} | {ps} | " + (f"{needs} | " if traits else "") + f"{_cell(e.doc)} |")
+        cells = [", ".join(f"`{n}`" for n in (e.name, *e.aliases))]
+        if with_params:
+            cells.append(", ".join(f"`{f.name}`" for f in e.param_fields()) or "-")
+        if traits:
+            cells.append(", ".join(text for t, text in traits.items() if e.traits.get(t)) or "-")
+        rows.append("| " + " | ".join(cells + [_cell(e.doc)]) + " |")
     return "\n".join(rows)
 
 

@@ -100,3 +100,34 @@ def check_entries(cfg) -> None:
     check_entry(cfg.critic.loss_agg_mode, modes, "critic.loss_agg_mode")
     check_entry(act.kl_loss_type, kls, "actor.kl_loss_type")
     check_entry(a.kl_penalty, kls, "algorithm.kl_penalty")
+
+
+# The docs tables generated from the registries: name -> (registry, config section, needs text).
+_NEEDS = {"needs_values": "critic", "needs_groups": "groups (rollout.n >= 2)", "needs_baseline": "greedy baseline",
+          "needs_token_stats": "old-log-prob pass with sum pi^2"}
+_MARK = re.compile(r"(<!-- registry:(\w+) -->)\n.*?(<!-- /registry:\2 -->)", re.S)
+
+
+def docs_tables() -> dict[str, str]:
+    """The Markdown tables docs/algorithms.md shows, by block name."""
+    from reinforge.algos.registry import markdown_table, params_table
+
+    losses, advs = registry("policy_loss", "POLICY_LOSSES"), registry("advantages", "ADVANTAGE_ESTIMATORS")
+    return {"policy_losses": markdown_table(losses), "policy_loss_params": params_table(losses, "actor"),
+            "advantage_estimators": markdown_table(advs, _NEEDS), "advantage_params": params_table(advs, "algorithm"),
+            "kl_estimators": markdown_table(registry("kl", "KL_ESTIMATORS")),
+            "aggregation_modes": markdown_table(registry("aggregation", "AGG_MODES"))}
+
+
+def render_docs(text: str) -> str:
+    """`text` with each `<!-- registry:NAME -->` ... `<!-- /registry:NAME -->` block refilled."""
+    tables = docs_tables()
+    return _MARK.sub(lambda m: f"{m.group(1)}\n{tables[m.group(2)]}\n{m.group(3)}", text)
+
+
+if __name__ == "__main__":  # python -m reinforge.config.registries docs/algorithms.md
+    import sys
+    from pathlib import Path
+
+    for path in map(Path, sys.argv[1:]):
+        path.write_text(render_docs(path.read_text(encoding="utf-8")), encoding="utf-8")
