@@ -64,11 +64,14 @@ def kl_full(log_probs_full: torch.Tensor, ref_log_probs_full: torch.Tensor) -> t
 KL_ESTIMATORS = Registry("KL estimator")
 KL_ESTIMATORS.register("k1", _k1, aliases=("kl",), doc="log r (unbiased, high variance, can be negative)")
 KL_ESTIMATORS.register("abs", _abs, doc="|log r|")
-KL_ESTIMATORS.register("k2", _k2, aliases=("mse", "k2+", "mse+"), doc="0.5 (log r)^2 (a `+` keeps k2: its gradient is k2's)")
+KL_ESTIMATORS.register("k2", _k2, aliases=("mse", "k2+", "mse+"),
+                       doc="0.5 (log r)^2 (a `+` keeps k2: its gradient is k2's)")
 KL_ESTIMATORS.register("k3", _k3, aliases=("low_var_kl",),
-                       doc="exp(-log r) + log r - 1 (unbiased, >= 0, low variance; log r clamped to +-20, result to +-10)")
+                       doc="exp(-log r) + log r - 1 (unbiased, >= 0, low variance; log r clamped to +-20, "
+                           "result to +-10)")
 KL_ESTIMATORS.register("k1+", _straight_through(_k1), aliases=("kl+",), doc="the value of k1, the gradient of k2")
-KL_ESTIMATORS.register("k3+", _straight_through(_k3), aliases=("low_var_kl+",), doc="the value of k3, the gradient of k2")
+KL_ESTIMATORS.register("k3+", _straight_through(_k3), aliases=("low_var_kl+",),
+                       doc="the value of k3, the gradient of k2")
 KL_ESTIMATORS.register("full", kl_full,
                        doc="exact KL from full (..., V) log-prob rows (not for the trainer, which has (B, T))")
 

@@ -47,7 +47,8 @@ class ClipParams:
 @dataclass
 class DualClipParams(ClipParams):
     clip_c: Optional[float] = param(None, "(1, inf)", "Dual-clip constant (> 1) bounding the loss for negative "
-                                                      "advantages (dppo_*: the IS-ratio cap, 20 when None); None disables.")
+                                                      "advantages (dppo_*: the IS-ratio cap, 20 when None); "
+                                                      "None disables.")
 
 
 @dataclass

@@ -47,7 +47,7 @@ class Entry:
     traits: Mapping[str, Any] = field(default_factory=dict)
     """Properties readers branch on (``needs_values`` of an advantage estimator, ...)."""
     doc: str = ""
-    """One line; the function's docstring's first line unless given."""
+    """One line for the docs table; the first paragraph of the function's docstring unless given."""
 
     def param_fields(self) -> tuple[Field, ...]:
         return fields(self.params) if self.params is not None else ()
@@ -92,6 +92,11 @@ def _check_signature(e: Entry) -> None:
     wrong = {n: (kw[n], d) for n, d in want.items() if kw[n] != d}
     if wrong:
         raise TypeError(f"{e.name}: signature defaults differ from its params' defaults: {wrong}")
+
+
+def _key(f: Field) -> tuple:
+    """What one config key must agree on wherever it is declared."""
+    return f.default, f.metadata["range"], str(f.type)
 
 
 class Registry(Mapping):
@@ -156,7 +161,7 @@ class Registry(Mapping):
         for e in self.entries():
             for f in e.param_fields():
                 seen = out.setdefault(f.name, f)
-                if (seen.default, seen.metadata["range"], str(seen.type)) != (f.default, f.metadata["range"], str(f.type)):
+                if _key(seen) != _key(f):
                     raise TypeError(f"{self.kind} param {f.name!r} is declared twice with different default, range "
                                     f"or type ({e.name!r})")
         return out

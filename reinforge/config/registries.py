@@ -61,7 +61,8 @@ def check_section(cls: type, entry, key: str) -> None:
 def _check_name(value: str, reg, key: str) -> None:
     if value not in reg:
         close = did_you_mean(value, reg, f"{key}=")
-        raise ConfigError(f"{key}={value!r} is not known; valid: {sorted(reg)}" + (f"; {close.strip()}" if close else ""))
+        hint = f"; {close.strip()}" if close else ""
+        raise ConfigError(f"{key}={value!r} is not known; valid: {sorted(reg)}{hint}")
 
 
 def _dotted(msg: str, names, prefix: str) -> str:
@@ -102,7 +103,7 @@ def check_entries(cfg) -> None:
     check_entry(a.kl_penalty, kls, "algorithm.kl_penalty")
 
 
-# The docs tables generated from the registries: name -> (registry, config section, needs text).
+# How the docs table names the advantage estimators' traits.
 _NEEDS = {"needs_values": "critic", "needs_groups": "groups (rollout.n >= 2)", "needs_baseline": "greedy baseline",
           "needs_token_stats": "old-log-prob pass with sum pi^2"}
 _MARK = re.compile(r"(<!-- registry:(\w+) -->)\n.*?(<!-- /registry:\2 -->)", re.S)

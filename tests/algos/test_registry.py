@@ -200,7 +200,8 @@ def test_config_fields_are_the_registries_params():
 def test_needs_sets_are_the_estimators_traits():
     from reinforge.algos import advantages as A
 
-    assert A.NEEDS_VALUES == {"gae"} and A.NEEDS_BASELINE == {"remax"} and A.NEEDS_TOKEN_STATS == {"optimal_token_baseline"}
+    assert A.NEEDS_VALUES == {"gae"} and A.NEEDS_BASELINE == {"remax"}
+    assert A.NEEDS_TOKEN_STATS == {"optimal_token_baseline"}
     assert A.NEEDS_GROUPS == A.ADVANTAGE_ESTIMATORS.with_trait("needs_groups") and "grpo" in A.NEEDS_GROUPS
 
 
