@@ -159,12 +159,11 @@ def test_on_policy_update_weights_like_the_old_log_prob_pass(tiny_model_dir):
     from tests.grad_check import assert_same_steps, record_steps
     from tests.test_onpolicy import _actor, _batch
 
-    with_pass, without = _actor(tiny_model_dir), _actor(tiny_model_dir)
+    with_pass, without = _actor(tiny_model_dir, tis_cap=2.0), _actor(tiny_model_dir, on_policy=True, tis_cap=2.0)
     batch = _batch(with_pass.model.config.vocab_size)
     old = with_pass.log_probs(batch)
     noise = torch.randn(batch["response_mask"].shape, generator=torch.Generator().manual_seed(1))
     batch = batch | Batch({"rollout_log_probs": (old["old_log_probs"] + noise) * batch["response_mask"]})
-    batch.meta["tis_cap"] = 2.0
     ga = record_steps(with_pass.opt, with_pass.params)
     gb = record_steps(without.opt, without.params, replay=ga)
     ma, mb = with_pass.update(batch | old), without.update(batch)

@@ -13,7 +13,7 @@ from tests.grad_check import assert_same_steps, record_steps
 pytestmark = pytest.mark.usefixtures("one_thread")
 
 
-def _actor(model_dir, **actor_kw):
+def _actor(model_dir, on_policy: bool = False, tis_cap: float | None = None, **actor_kw):
     from reinforge.config.schema import ActorConfig, ModelConfig
     from reinforge.models.loading import load_causal_lm
     from reinforge.workers.actor import ActorWorker
@@ -22,7 +22,7 @@ def _actor(model_dir, **actor_kw):
     # No clipping: the recorded gradients keep their scale (tests/grad_check.py).
     cfg = ActorConfig(lr=1e-4, micro_batch_size=4, grad_clip=0, **actor_kw)
     return ActorWorker(model, cfg, ModelConfig(path=model_dir), total_steps=2, mini_batch_size=8, micro_batch_size=4,
-                       loss_norm_const=7, seed=0)
+                       loss_norm_const=7, seed=0, on_policy=on_policy, tis_cap=tis_cap)
 
 
 def _batch(vocab: int, B: int = 8, P: int = 4, T: int = 6):
@@ -35,7 +35,7 @@ def _batch(vocab: int, B: int = 8, P: int = 4, T: int = 6):
                                 dict(policy_loss="gspo", use_kl_loss=True, kl_loss_coef=0.1),
                                 dict(policy_loss="cispo"), dict(policy_loss="gmpo")])
 def test_on_policy_update_equals_update_after_old_log_prob_pass(tiny_model_dir, kw):
-    with_pass, without = _actor(tiny_model_dir, **kw), _actor(tiny_model_dir, **kw)
+    with_pass, without = _actor(tiny_model_dir, **kw), _actor(tiny_model_dir, on_policy=True, **kw)
     batch = _batch(with_pass.model.config.vocab_size)
     old = with_pass.log_probs(batch)
     ga = record_steps(with_pass.opt, with_pass.params)

@@ -85,7 +85,7 @@ def test_packed_values_equal_padded(tiny_model_dir):
     assert (got[resp_mask] - ref[resp_mask]).abs().max() <= 1e-5
 
 
-def _actor(model_dir, use_packing: bool, max_tokens: int, micro: int = 2):
+def _actor(model_dir, use_packing: bool, max_tokens: int, micro: int = 2, tis_cap: float | None = None):
     from reinforge.config.schema import ActorConfig, ModelConfig
     from reinforge.models.loading import load_causal_lm
     from reinforge.workers.actor import ActorWorker
@@ -95,7 +95,7 @@ def _actor(model_dir, use_packing: bool, max_tokens: int, micro: int = 2):
     cfg = ActorConfig(lr=1e-4, micro_batch_size=micro, max_tokens_per_micro_batch=max_tokens, entropy_coeff=0.01,
                       grad_clip=0)
     return ActorWorker(model, cfg, ModelConfig(path=model_dir, use_packing=use_packing), total_steps=2,
-                       mini_batch_size=6, micro_batch_size=micro, loss_norm_const=7, seed=0)
+                       mini_batch_size=6, micro_batch_size=micro, loss_norm_const=7, seed=0, tis_cap=tis_cap)
 
 
 def _rl_batch(vocab: int):

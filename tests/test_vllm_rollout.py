@@ -35,10 +35,9 @@ def test_actor_applies_tis_weights(tiny_model_dir):
     a gap changes the update and is reported."""
     from tests.test_packing import _actor, _rl_batch
 
-    a, b, c = (_actor(tiny_model_dir, False, 0, micro=6) for _ in range(3))
+    a, b, c = (_actor(tiny_model_dir, False, 0, micro=6, tis_cap=2.0) for _ in range(3))
     batch = _rl_batch(a.model.config.vocab_size)
     batch = batch | a.log_probs(batch).select(["old_log_probs"])
-    batch.meta["tis_cap"] = 2.0
     m_plain = a.update(batch)
     m_same = b.update(batch | _with(batch, batch["old_log_probs"]))
     m_gap = c.update(batch | _with(batch, batch["old_log_probs"] - 0.5))

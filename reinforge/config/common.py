@@ -46,12 +46,16 @@ class AdamWConfig:
     """LR schedule after warmup: constant, cosine or linear (to zero at the last step)."""
     grad_clip: float = 1.0
     """Clip the global gradient norm to this value (0 disables)."""
+    max_nonfinite_steps: int = 3
+    """Abort after this many consecutive optimizer steps skipped for a non-finite loss or gradient."""
 
 
 @dataclass
 class OptimConfig(AdamWConfig):
     micro_batch_size: int = 16
     """Rows (SFT) or pairs (DPO, RM) per forward/backward; gradients accumulate to the batch exactly."""
+    max_nonfinite_steps: int = 5
+    """Abort after this many consecutive optimizer steps skipped for a non-finite loss or gradient."""
 
 
 @dataclass

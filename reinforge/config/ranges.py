@@ -24,7 +24,8 @@ POS, NONNEG, COUNT, SIZE, UNIT, PROB = "(0, inf)", "[0, inf)", "[0, inf)", "[1, 
 
 RANGES: dict[str, dict[str, str]] = {
     # reinforge/config/common.py
-    "AdamWConfig": dict(lr=NONNEG, weight_decay=NONNEG, betas="each [0, 1)", warmup_steps=COUNT, grad_clip=NONNEG),
+    "AdamWConfig": dict(lr=NONNEG, weight_decay=NONNEG, betas="each [0, 1)", warmup_steps=COUNT, grad_clip=NONNEG,
+                        max_nonfinite_steps=SIZE),
     "OptimConfig": dict(micro_batch_size=SIZE),
     "RunConfig": dict(seed=COUNT, save_every=COUNT, keep_last=COUNT, val_every=COUNT),
     "SupervisedRunConfig": dict(total_steps=COUNT, epochs=NONNEG),

@@ -182,8 +182,6 @@ class ActorConfig(AdamWConfig):
     kl_loss_type: str = "k3"
     """KL estimator for the loss: k1, abs, k2, k3 (aliases kl, mse, low_var_kl); a `+` suffix keeps
     the value and takes k2's gradient (k1+, k3+, low_var_kl+; k2+ is k2)."""
-    max_nonfinite_steps: int = 3
-    """Abort after this many consecutive updates with a non-finite loss or gradient."""
 
 
 @dataclass

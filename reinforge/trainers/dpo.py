@@ -34,6 +34,7 @@ from reinforge.seeding import seed_everything
 from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_inputs, pair_tensors,
                                                   unpaired_tensors)
 from reinforge.trainers.validation import PromptEvaluator
+from reinforge.workers.update_loop import chunks
 
 
 def response_token_logps(model, batch: dict, model_cfg) -> tuple[torch.Tensor, torch.Tensor]:
@@ -65,8 +66,7 @@ def reference_table(ref_model, pairs: PairSubset, pad_id: int, device, micro: in
                     reduction: str) -> torch.Tensor:
     """Reference sequence log-probs of every pair, in subset order: (N, 2) [chosen, rejected]."""
     rows = []
-    for start in range(0, len(pairs), micro):
-        items = [pairs[i] for i in range(start, min(start + micro, len(pairs)))]
+    for items in chunks([pairs[i] for i in range(len(pairs))], micro):
         seq = policy_sequence_logps(ref_model, pair_tensors(items, pad_id, device), model_cfg, reduction)
         B = len(items)
         rows.append(torch.stack([seq[:B], seq[B:]], dim=1).cpu())
@@ -141,8 +141,8 @@ class DPOTrainer(PairTrainer):
         mismatched = [{"prompt_ids": items[i]["prompt_ids"], "completion_ids": items[(i + 1) % n]["completion_ids"]}
                       for i in range(n)]
         pol, ref = [], []
-        for start in range(0, n, self.micro):
-            batch = unpaired_tensors(mismatched[start:start + self.micro], self.pad_id, self.device)
+        for part in chunks(mismatched, self.micro):
+            batch = unpaired_tensors(part, self.pad_id, self.device)
             pol.append(policy_sequence_logps(self.model, batch, m, red))
             ref.append(policy_sequence_logps(self.reference, batch, m, red))
         return kto_reference_point(torch.cat(pol), torch.cat(ref))

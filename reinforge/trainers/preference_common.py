@@ -2,8 +2,9 @@
 with exact gradient accumulation, held-out evaluation, logging, checkpoints, resume and export.
 
 A subclass supplies `pair_loss(items) -> (loss, metrics)`: the mean loss over the pairs in
-`items` and metric tensors that are means over them. The loop weights each micro-batch by its
-share of the pairs, so the gradient and the metrics equal those of one forward over the batch.
+`items` and metric tensors that are means over them. The one update loop (workers/update_loop.py)
+weights each micro-batch by its share of the pairs, so the gradient and the metrics equal those
+of one forward over the batch.
 """
 from __future__ import annotations
 
@@ -17,7 +18,8 @@ from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
 from reinforge.trainers.logging import RunLogger, Timer, note_skipped
 from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.run_dir import check_writable
-from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
+from reinforge.workers.optim import make_optimizer, make_scheduler
+from reinforge.workers.update_loop import LossTerm, MiniBatch, NonFiniteGuard, Optim, chunks, run_update
 
 
 class PairSubset:
@@ -110,16 +112,6 @@ def unpaired_tensors(items: list[dict], pad_id: int, device) -> dict[str, torch.
     return {k: v.to(device) for k, v in collate_unpaired(items, pad_id).items()}
 
 
-def weighted_mean(parts: list[tuple[int, dict]]) -> dict[str, float]:
-    """Metrics of micro-batches (n pairs, {name: mean}) -> their mean over all pairs."""
-    total = sum(n for n, _ in parts)
-    out: dict[str, float] = {}
-    for n, m in parts:
-        for k, v in m.items():
-            out[k] = out.get(k, 0.0) + float(v) * n / total
-    return out
-
-
 class PairTrainer(SingleModelCheckpoints, TrainingLoop):
     """The loop around `pair_loss`. Subclasses set self.model (the trained module) before
     calling `setup`, may set self.prompt_eval (a PromptEvaluator) after it, and may extend
@@ -138,7 +130,8 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, o.lr, o.weight_decay, o.betas)
         self.sched = make_scheduler(self.opt, o.warmup_steps, self.total_steps, o.lr_schedule)
-        self.guard = NonFiniteGuard(5, self.name)
+        self.guard = NonFiniteGuard(o.max_nonfinite_steps, self.name)
+        self.optim = Optim(self.params, self.opt, o.grad_clip, self.guard)
         self.timer, self.step_idx = Timer(), 0
         self.prompt_eval = None
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -155,22 +148,26 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
         return {}
 
     # ---- one step ---------------------------------------------------------------------------
+    def _pass(self, items: list[dict], split: str = "train", optim: Optim | None = None) -> dict[str, float]:
+        """`pair_loss` over `items` in micro-batches (the one update loop, workers/update_loop.py):
+        each micro-batch's mean loss and metrics count by its share of the pairs, so the gradient and
+        the metrics are those of one forward over them; one optimizer step with `optim`."""
+        state = self.batch_state(items)  # what a loss needs from the whole batch, once
+
+        def mean_loss(chunk, _chunk, n_pairs: int):
+            loss, m = self.pair_loss(chunk, split, **state)
+            return loss * len(chunk) / n_pairs, m
+
+        micros = ((chunk, len(chunk) / len(items)) for chunk in chunks(items, self.micro))
+        return run_update([MiniBatch(len(items), micros)], [LossTerm("loss", 1.0, mean_loss)], optim=optim).metrics("")
+
     def step(self) -> dict[str, float]:
         items = next(self.loader)
-        parts = []
         with self.timer("update"):
-            state = self.batch_state(items)
-            for start in range(0, len(items), self.micro):
-                chunk = items[start:start + self.micro]
-                loss, m = self.pair_loss(chunk, **state)
-                # The batch loss is the mean over pairs: each chunk counts by its share of them.
-                (loss * len(chunk) / len(items)).backward()
-                parts.append((len(chunk), {"loss": loss.detach(), **m}))
-            grad_norm, ok = clip_and_step(self.params, self.opt, self.cfg.optim.grad_clip)
-            self.guard.record(ok)
+            metrics = self._pass(items, optim=self.optim)
             lr = self.sched.get_last_lr()[0]
             self.sched.step()
-        return {**weighted_mean(parts), "grad_norm": float(grad_norm), "lr": lr, **self.timer.pop()}
+        return {**metrics, "lr": lr, **self.timer.pop()}
 
     @torch.no_grad()
     def evaluate(self, logger: RunLogger | None = None) -> dict[str, float]:
@@ -179,16 +176,10 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
         out: dict[str, float] = {}
         if self.val:
             self.model.eval()
-            try:
-                parts, items = [], [self.val[i] for i in range(len(self.val))]
-                state = self.batch_state(items)  # the held-out set counts as one batch
-                for start in range(0, len(items), self.micro):
-                    chunk = items[start:start + self.micro]
-                    loss, m = self.pair_loss(chunk, split="val", **state)
-                    parts.append((len(chunk), {"loss": loss, **m}))
+            try:  # the held-out set counts as one batch
+                out = {f"val/{k}": v for k, v in self._pass([self.val[i] for i in range(len(self.val))], "val").items()}
             finally:
                 self.model.train()
-            out = {f"val/{k}": v for k, v in weighted_mean(parts).items()}
         if self.prompt_eval is not None:
             out.update(self.prompt_eval(self.run_dir / "samples" / f"step_{self.step_idx}.jsonl",
                                         sampled=self.val_sampled(), logger=logger))

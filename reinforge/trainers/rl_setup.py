@@ -119,8 +119,18 @@ def build_workers(cfg: RLConfig, shard=None) -> Workers:
     d, m, t = cfg.derived, cfg.model, cfg.trainer
     shard = shard or (lambda model: model)
     actor_model = shard(load_actor_model(cfg))
+    # until the run plan (trainers/plan.py) carries them: on-policy exactly when the trainer skips the
+    # old-log-prob pass (trainers/rl.py), truncated IS with vLLM or an asynchronous rollout
+    from reinforge.algos.advantages import NEEDS_TOKEN_STATS
+    from reinforge.workers.actor import on_policy_update
+
+    on_policy = not (cfg.algorithm.use_kl_in_reward or d["teacher_enabled"]
+                     or cfg.algorithm.adv_estimator in NEEDS_TOKEN_STATS) and on_policy_update(
+        actor_model, cfg.actor.ppo_epochs, d["actor_mini_batch_size"], d["batch_size"])
+    tis_cap = cfg.rollout.tis_cap if cfg.rollout.backend == "vllm" or cfg.rollout.staleness > 0 else None
     actor = ActorWorker(actor_model, cfg.actor, m, total_steps=t.total_steps, mini_batch_size=d["actor_mini_batch_size"],
-                        micro_batch_size=d["actor_micro_batch_size"], loss_norm_const=d["loss_norm_const"], seed=t.seed)
+                        micro_batch_size=d["actor_micro_batch_size"], loss_norm_const=d["loss_norm_const"], seed=t.seed,
+                        on_policy=on_policy, tis_cap=tis_cap)
     reference = None
     if d["reference_enabled"]:
         # With LoRA the reference is the actor with its adapter disabled: no second copy.

@@ -28,7 +28,8 @@ from reinforge.trainers.logging import Timer, note_skipped
 from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.run_dir import check_writable
 from reinforge.trainers.validation import PromptEvaluator
-from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler
+from reinforge.workers.optim import make_optimizer, make_scheduler
+from reinforge.workers.update_loop import LossTerm, MiniBatch, NonFiniteGuard, Optim, chunks, run_update
 
 
 # ---- data: packing and collation ----------------------------------------------------------------
@@ -143,7 +144,8 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, o.lr, o.weight_decay, o.betas)
         self.sched = make_scheduler(self.opt, o.warmup_steps, self.total_steps, o.lr_schedule)
-        self.guard = NonFiniteGuard(5, "sft")  # as the DPO / RM trainers
+        self.guard = NonFiniteGuard(o.max_nonfinite_steps, "sft")
+        self.optim = Optim(self.params, self.opt, o.grad_clip, self.guard)
         self.run_dir, self.step_idx, self.timer = Path(cfg.trainer.run_dir), 0, Timer()
         # Accuracy on eval.prompt_files: the prompts are read and the reward worker built once.
         self.prompt_eval = PromptEvaluator(self.model, self.tok, cfg.eval, device=self.device,
@@ -153,27 +155,26 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         return {k: v.to(self.device) for k, v in b.items()}
 
     def step(self) -> dict[str, float]:
-        """One optimizer step over data.batch_size rows, accumulated over micro-batches."""
+        """One optimizer step over data.batch_size rows, accumulated over micro-batches (the one
+        update loop, workers/update_loop.py: one mini-batch of one loss term)."""
         t0 = time.perf_counter()
         rows = next(self.loader)
         n_tokens = sum(sum(r["loss_mask"][1:]) for r in rows)  # the batch's token-mean denominator
         self.model.train()
-        loss_sum = torch.zeros(())
-        mbs = self.cfg.derived["micro_batch_size"]
-        for i in range(0, len(rows), mbs):
-            batch = self._to_device(collate_rows(rows[i:i + mbs], self.tok.pad_token_id))
-            logp = token_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
-            loss = -logp.sum() / max(n_tokens, 1)
-            loss.backward()
-            loss_sum += loss.detach().float().cpu()
-        grad_norm, ok = clip_and_step(self.params, self.opt, self.cfg.optim.grad_clip)
-        self.guard.record(ok)  # a skipped step is logged; several in a row stop the run
+        micros = ((self._to_device(collate_rows(part, self.tok.pad_token_id)), len(part) / len(rows))
+                  for part in chunks(rows, self.cfg.derived["micro_batch_size"]))
+        res = run_update([MiniBatch(max(n_tokens, 1), micros)], [LossTerm("loss", 1.0, self._nll)],
+                         optim=self.optim)  # a skipped step is logged; several in a row stop the run
         lr = self.sched.get_last_lr()[0]
         self.sched.step()
         dt = time.perf_counter() - t0
-        return {"train/loss": float(loss_sum), "train/grad_norm": float(grad_norm), "train/lr": lr,
-                "train/tokens": float(n_tokens), "train/nonfinite_skipped": float(not ok),
+        return {**res.metrics("train/"), "train/lr": lr, "train/tokens": float(n_tokens),
                 "timing_s/step": dt, "perf/throughput": sum(len(r["input_ids"]) for r in rows) / dt}
+
+    def _nll(self, batch: dict, _micro, n_tokens: int) -> tuple[torch.Tensor, dict]:
+        """The micro-batch's summed next-token NLL over the whole batch's target tokens."""
+        logp = token_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
+        return -logp.sum() / n_tokens, {}
 
     @torch.no_grad()
     def val_loss(self) -> dict[str, float]:
@@ -182,8 +183,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         was = self.model.training
         self.model.eval()
         total, count = 0.0, 0
-        for i in range(0, len(self.val_rows), self.cfg.derived["micro_batch_size"]):
-            part = self.val_rows[i:i + self.cfg.derived["micro_batch_size"]]
+        for part in chunks(self.val_rows, self.cfg.derived["micro_batch_size"]):
             logp = token_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)),
                                   self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
             total, count = total - float(logp.sum()), count + logp.numel()

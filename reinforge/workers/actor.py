@@ -1,13 +1,18 @@
 """The actor: log-probs of the rollout policy, and the clipped policy-gradient update.
 
-`update` runs ppo_epochs x mini-batches x micro-batches. Each micro-batch loss is aggregated
-with the *mini-batch's* token and sequence counts, so the accumulated gradient equals the
-gradient of the mini-batch loss exactly, whatever the micro-batch size.
+`update` runs ppo_epochs x mini-batches x micro-batches through the one update loop
+(workers/update_loop.py) over the actor's loss terms (`loss_terms`: policy loss, entropy bonus,
+GKD's JSD, KL loss). Each micro-batch loss is aggregated with the *mini-batch's* token and
+sequence counts, so the accumulated gradient equals the gradient of the mini-batch loss exactly,
+whatever the micro-batch size.
 
 On-policy updates (one epoch, one mini-batch, no dropout: `on_policy_update`) need no separate
 old-log-prob forward: the update's own forward runs at the rollout weights, so its detached
 log-probs are the old ones (ratio exactly 1) and `update` reports entropy and the reference KL
-from that pass. The trainer then leaves `old_log_probs` out of the batch.
+from that pass. The worker is told so at construction (`on_policy=True`, decided once by the
+run's plan); the trainer then leaves `old_log_probs` out of the batch. Truncated importance
+sampling (`tis_cap`, a constructor argument too) weights each token by
+min(exp(old - rollout_log_probs), tis_cap) when the batch has `rollout_log_probs`.
 """
 from __future__ import annotations
 
@@ -19,46 +24,25 @@ from reinforge.algos.masked import masked_mean
 from reinforge.algos.policy_loss import POLICY_LOSSES
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
-from reinforge.models.packing import micro_batches, packed_response_logprobs, restore_order
+from reinforge.models.packing import packed_response_logprobs
 from reinforge.protocol import Batch
-from reinforge.workers import dp
 from reinforge.workers.gkd import GKDTerm, gkd_log_probs
 from reinforge.workers.rollout.vllm import tis_weights
 from reinforge.workers.token_stats import batch_sum_pi_squared
-from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
-                                     mini_batches)
-
-
-class MetricSum:
-    """Weighted sums of metric tensors, read out as floats once per update (one sync).
-
-    Weights are chosen so that each mini-batch contributes a total weight of one; `result`
-    divides by the number of mini-batches.
-    """
-
-    def __init__(self):
-        self.sums: dict[str, torch.Tensor] = {}
-
-    def add(self, metrics: dict[str, torch.Tensor], weight: float) -> None:
-        for k, v in metrics.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v.detach().float() * weight
-
-    def all_reduce(self) -> "MetricSum":
-        """Sum over data-parallel ranks (each rank added its share of the global mini-batch)."""
-        if self.sums and dp.world_size() > 1:
-            keys = sorted(self.sums)
-            flat = dp.all_reduce_sum_(torch.stack([torch.as_tensor(self.sums[k]).float().cpu() for k in keys]))
-            self.sums = dict(zip(keys, flat))
-        return self
-
-    def result(self, prefix: str, count: int) -> dict[str, float]:
-        return {f"{prefix}{k}": float(v) / max(count, 1) for k, v in self.sums.items()}
+from reinforge.workers.optim import TrainedWorkerState, make_optimizer, make_scheduler
+from reinforge.workers.update_loop import (LossTerm, NonFiniteGuard, Optim, map_micro_batches, micro_loss,
+                                           rl_mini_batches, run_update)
 
 
 class ActorWorker(TrainedWorkerState):
     def __init__(self, model, cfg: ActorConfig, model_cfg: ModelConfig, *, total_steps: int,
-                 mini_batch_size: int, micro_batch_size: int, loss_norm_const: float, seed: int):
+                 mini_batch_size: int, micro_batch_size: int, loss_norm_const: float, seed: int,
+                 on_policy: bool = False, tis_cap: float | None = None):
+        """on_policy: the update takes its one step at the rollout weights (`on_policy_update`), so
+        its own forward gives the old log-probs and the batch brings none. tis_cap: truncated
+        importance sampling against the batch's `rollout_log_probs` (vLLM, rollout.staleness)."""
         self.model, self.cfg, self.mcfg = model, cfg, model_cfg
+        self.on_policy, self.tis_cap = on_policy, tis_cap
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.loss_norm_const = loss_norm_const
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -70,6 +54,7 @@ class ActorWorker(TrainedWorkerState):
         # the loss's own params, read from cfg (its keys); clip_cov also draws from self.gen
         self.loss_kw = loss.kwargs(cfg, generator=self.gen)
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
+        self.optim = Optim(self.params, self.opt, cfg.grad_clip, self.guard)
         self.gkd: GKDTerm | None = None  # teacher.mode=gkd: set by trainers/rl_setup.make_teacher
 
     @torch.no_grad()
@@ -84,49 +69,61 @@ class ActorWorker(TrainedWorkerState):
                                                          self.cfg.max_tokens_per_micro_batch)
         return out
 
-    def _micro_loss(self, mb: Batch, denom: dict, temperature: float) -> tuple[torch.Tensor, dict]:
-        c = self.cfg
-        mask = mb["loss_mask"] if "loss_mask" in mb else mb["response_mask"]
-        mask = mask.float()
-        need_entropy = c.entropy_coeff != 0
-        on_policy = "old_log_probs" not in mb
+    # ---- the update: the one loop of workers/update_loop.py over the actor's loss terms --------
+    def _forward(self, mb: Batch, temperature: float) -> dict:
+        """One student forward of a micro-batch on the device -> what the loss terms read: log_probs
+        (b, T) with grad, entropy (b, T) (None when nothing reads it), jsd (b, T) under GKD,
+        old_log_probs (on-policy: this forward's, detached) and the loss mask (b, T)."""
+        jsd = None
         if self.gkd is not None:  # the same student forward also gives the JSD to the teacher
             log_probs, entropy, jsd = gkd_log_probs(self.model, self.gkd, mb, temperature, self.mcfg.logprob_chunk_size,
                                                     self.mcfg.autocast == "bf16")
         else:
-            log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature, need_entropy or on_policy)
-        old_log_probs = log_probs.detach() if on_policy else mb["old_log_probs"]
-        loss_mat, m = self.loss_fn(log_probs, old_log_probs, mb["advantages"], mask, **self.loss_kw)
-        if on_policy:  # what trainers/metrics.py reads from the skipped pass's outputs
+            log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature,
+                                                 self.cfg.entropy_coeff != 0 or self.on_policy)
+        old_log_probs = log_probs.detach() if self.on_policy else mb["old_log_probs"]
+        mask = (mb["loss_mask"] if "loss_mask" in mb else mb["response_mask"]).float()
+        return {"log_probs": log_probs, "entropy": entropy, "jsd": jsd, "old_log_probs": old_log_probs, "mask": mask}
+
+    def _agg(self, x: torch.Tensor, mask: torch.Tensor, denom: dict) -> torch.Tensor:
+        """(b, T) -> the term's share of the mini-batch loss (the mini-batch's counts)."""
+        return agg_loss(x, mask, self.cfg.loss_agg_mode, num_tokens=denom["num_tokens"], num_seqs=denom["num_seqs"],
+                        norm_const=self.loss_norm_const)
+
+    def _policy_loss(self, out: dict, mb: Batch, denom: dict) -> tuple[torch.Tensor, dict]:
+        loss_mat, m = self.loss_fn(out["log_probs"], out["old_log_probs"], mb["advantages"], out["mask"], **self.loss_kw)
+        if self.on_policy:  # what trainers/metrics.py reads from the skipped pass's outputs
             resp = mb["response_mask"].float()
-            m["entropy"] = masked_mean(entropy.detach(), resp)
+            m["entropy"] = masked_mean(out["entropy"].detach(), resp)
             if "ref_log_probs" in mb:
-                m["ref_kl"] = masked_mean(old_log_probs - mb["ref_log_probs"], resp)
-        if "tis_weight" in mb:  # truncated importance sampling, per token (vLLM, rollout.staleness)
+                m["ref_kl"] = masked_mean(out["old_log_probs"] - mb["ref_log_probs"], resp)
+        if "tis_weight" in mb:  # truncated importance sampling, per token, from the old-log-prob pass
             loss_mat = loss_mat * mb["tis_weight"]
-        elif on_policy and "tis_cap" in mb.meta and "rollout_log_probs" in mb:
+        elif self.on_policy and self.tis_cap is not None and "rollout_log_probs" in mb:
             # on-policy, this forward's detached log-probs are the old ones: no separate pass needed
-            w, tis = tis_weights(old_log_probs, mb["rollout_log_probs"], mb["response_mask"], mb.meta["tis_cap"])
+            w, tis = tis_weights(out["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"], self.tis_cap)
             loss_mat = loss_mat * w
-            m.update({k: v for k, v in tis.items() if not k.endswith("_max")})  # means: token-weighted below
-        agg = dict(num_tokens=denom["num_tokens"], num_seqs=denom["num_seqs"], norm_const=self.loss_norm_const)
-        pg_loss = agg_loss(loss_mat, mask, c.loss_agg_mode, **agg)
-        loss = pg_loss
-        metrics = {"pg_loss": pg_loss, **m}
-        if need_entropy:
-            ent_loss = agg_loss(entropy, mask, c.loss_agg_mode, **agg)
-            loss = loss - c.entropy_coeff * ent_loss
-            metrics["entropy_loss"] = ent_loss
+            m.update({k: v for k, v in tis.items() if not k.endswith("_max")})  # means: token-weighted
+        return self._agg(loss_mat, out["mask"], denom), m
+
+    def loss_terms(self) -> list[LossTerm]:
+        """pg_loss - entropy_coeff * entropy (+ coef * GKD's JSD) (+ kl_loss_coef * KL to the
+        reference), each aggregated like the policy loss; added in this order."""
+        c = self.cfg
+        terms = [LossTerm("pg_loss", 1.0, self._policy_loss)]
+        if c.entropy_coeff != 0:
+            terms.append(LossTerm("entropy_loss", -c.entropy_coeff,
+                                  lambda out, mb, d: (self._agg(out["entropy"], out["mask"], d), {})))
         if self.gkd is not None:
-            gkd_loss = agg_loss(jsd, mask, c.loss_agg_mode, **agg)
-            loss = loss + self.gkd.coef * gkd_loss
-            metrics["gkd_loss"] = gkd_loss
+            terms.append(LossTerm("gkd_loss", self.gkd.coef, lambda out, mb, d: (self._agg(out["jsd"], out["mask"], d), {})))
         if c.use_kl_loss:
-            kld = kl_penalty(log_probs, mb["ref_log_probs"], c.kl_loss_type)
-            kl_loss = agg_loss(kld, mask, c.loss_agg_mode, **agg)
-            loss = loss + c.kl_loss_coef * kl_loss
-            metrics["kl_loss"] = kl_loss
-        return loss, metrics
+            terms.append(LossTerm("kl_loss", c.kl_loss_coef, lambda out, mb, d: (
+                self._agg(kl_penalty(out["log_probs"], mb["ref_log_probs"], c.kl_loss_type), out["mask"], d), {})))
+        return terms
+
+    def _micro_loss(self, mb: Batch, denom: dict, temperature: float) -> tuple[torch.Tensor, dict]:
+        """One micro-batch (on the model's device) -> (summed loss, metrics), as the update runs it."""
+        return micro_loss(self.loss_terms(), self._forward(mb, temperature), mb, denom)
 
     def update(self, batch: Batch) -> dict[str, float]:
         """One training step's actor update. Returns `actor/...` metrics.
@@ -134,54 +131,32 @@ class ActorWorker(TrainedWorkerState):
         Data-parallel: every rank gets the whole batch and trains on its slice of each mini-batch
         (see workers/dp.py); counts and shares are the global mini-batch's, and the loss is
         scaled by the world size because FSDP averages gradients over ranks."""
-        temperature = batch.meta.get("temperature", 1.0)
-        if "old_log_probs" not in batch and not on_policy_update(self.model, self.cfg.ppo_epochs, self.mini_batch_size,
-                                                                 len(batch)):
+        c, temperature = self.cfg, batch.meta.get("temperature", 1.0)
+        if not self.on_policy and "old_log_probs" not in batch:
             raise ValueError("old_log_probs may be left out only for an on-policy update (one epoch, one mini-batch)")
-        sums, shared, nonfinite, n_mini = MetricSum(), MetricSum(), 0, 0
-        world = dp.world_size()
+        if self.on_policy and not on_policy_update(self.model, c.ppo_epochs, self.mini_batch_size, len(batch)):
+            raise ValueError("on_policy=True needs an on-policy update (one epoch, one mini-batch, no dropout)")
         tis_metrics = {}
-        if "tis_cap" in batch.meta and "rollout_log_probs" in batch and "old_log_probs" in batch:
+        if not self.on_policy and self.tis_cap is not None and "rollout_log_probs" in batch:
             w, tis_metrics = tis_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
-                                         batch.meta["tis_cap"])
+                                         self.tis_cap)
             batch = batch | Batch({"tis_weight": w})
         self.model.train()
-        device = model_device(self.model)
-        for mini in mini_batches(batch, self.mini_batch_size, self.cfg.ppo_epochs, self.cfg.shuffle, self.gen):
-            mask = mini["loss_mask"] if "loss_mask" in mini else mini["response_mask"]
-            denom = agg_denominators(mask.float())
-            mini_tokens = max(float(mini["response_mask"].sum()), 1.0)
-            n_mini += 1
-            finite = True
-            mbs, _ = micro_batches(dp.shard(mini), self.micro_batch_size, self.cfg.max_tokens_per_micro_batch)
-            for mb in mbs:
-                mb = mb.to(device)
-                loss, m = self._micro_loss(mb, denom, temperature)
-                if not torch.isfinite(loss):
-                    finite = False
-                    if world == 1:
-                        break  # alone, stop early; in a group every rank must run the same collectives
-                (loss * world).backward()
-                # Loss-like metrics add up over micro-batches (they were normalised by the
-                # mini-batch counts); ratios are token-weighted within the mini-batch.
-                share = float(mb["response_mask"].sum()) / mini_tokens
-                sums.add({k: v for k, v in m.items() if k.endswith("loss")}, 1.0)
-                sums.add({k: v for k, v in m.items() if not k.endswith("loss")}, share)
-            if dp.all_true(finite):
-                grad_norm, finite = clip_and_step(self.params, self.opt, self.cfg.grad_clip)
-                shared.add({"grad_norm": _local(grad_norm)}, 1.0)
-            else:
-                finite = False
-                self.opt.zero_grad(set_to_none=True)
-            nonfinite += not finite
-            self.guard.record(finite)
+        minis = rl_mini_batches(batch, self.mini_batch_size, c.ppo_epochs, c.shuffle, self.gen, self.micro_batch_size,
+                                c.max_tokens_per_micro_batch, model_device(self.model),
+                                lambda mini: agg_denominators(_loss_mask(mini).float()))
+        res = run_update(minis, self.loss_terms(), forward=lambda mb: self._forward(mb, temperature), optim=self.optim)
         self.sched.step()
         out = {k.removeprefix("actor/") if k.startswith("actor/rollout_corr/") else k: v
-               for k, v in {**sums.all_reduce().result("actor/", n_mini), **shared.result("actor/", n_mini)}.items()}
+               for k, v in res.metrics("actor/").items()}
         out.update({k: float(v) for k, v in tis_metrics.items()})
         out["actor/lr"] = self.sched.get_last_lr()[0]
-        out["actor/nonfinite_skipped"] = float(nonfinite)
         return out
+
+
+def _loss_mask(batch: Batch) -> torch.Tensor:
+    """(B, T): the tokens the actor's loss counts (overlong filtering zeroes rows of `loss_mask`)."""
+    return batch["loss_mask"] if "loss_mask" in batch else batch["response_mask"]
 
 
 def on_policy_update(model, ppo_epochs: int, mini_batch_size: int, batch_size: int) -> bool:
@@ -192,11 +167,6 @@ def on_policy_update(model, ppo_epochs: int, mini_batch_size: int, batch_size: i
     dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in model.modules())
     dropout = dropout or getattr(getattr(model, "config", None), "attention_dropout", 0.0) > 0
     return ppo_epochs == 1 and batch_size <= mini_batch_size and not dropout
-
-
-def _local(t: torch.Tensor) -> torch.Tensor:
-    """A replicated DTensor (FSDP's global grad norm) as a plain tensor."""
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
 
 
 def model_device(model) -> torch.device:
@@ -214,21 +184,16 @@ def micro_log_probs(model, mb: Batch, mcfg: ModelConfig, temperature: float, wit
                   top_k=mb.meta.get("top_k", 0), top_p=mb.meta.get("top_p", 1.0))
 
 
-@torch.no_grad()
 def batch_log_probs(model, batch: Batch, mcfg: ModelConfig, micro_batch_size: int, max_tokens: int,
                     with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (B, T) fp32 on the CPU, and entropies or None, of a whole batch at its rollout
     temperature: micro-batches (token budget honoured) on the model's device, in eval mode,
     put back in batch order. The actor's old log-probs and the reference's log-probs."""
     temperature = batch.meta.get("temperature", 1.0)
-    was_training, device = model.training, model_device(model)
-    model.eval()
-    logps, ents = [], []
-    mbs, order = micro_batches(batch, micro_batch_size, max_tokens)
-    for mb in mbs:
-        lp, ent = micro_log_probs(model, mb.to(device), mcfg, temperature, with_entropy)
-        logps.append(lp.float().cpu())
-        ents.append(ent.float().cpu() if ent is not None else None)
-    model.train(was_training)
-    return (restore_order(torch.cat(logps), order),
-            restore_order(torch.cat(ents), order) if with_entropy else None)
+
+    def run(mb: Batch):
+        lp, ent = micro_log_probs(model, mb, mcfg, temperature, with_entropy)
+        return lp.float(), ent.float() if with_entropy else None
+
+    logp, ent = map_micro_batches(model, batch, micro_batch_size, max_tokens, run)
+    return logp, ent
