@@ -17,13 +17,13 @@ from reinforge.algos.aggregation import agg_denominators, agg_loss
 from reinforge.algos.kl import kl_penalty
 from reinforge.algos.masked import masked_mean
 from reinforge.algos.policy_loss import get_policy_loss, loss_kwargs
+from reinforge.algos.tis import tis_weights
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.packing import micro_batches, packed_response_logprobs, restore_order
 from reinforge.protocol import Batch
 from reinforge.workers import dp
 from reinforge.workers.gkd import GKDTerm, gkd_log_probs
-from reinforge.workers.rollout.vllm import tis_weights
 from reinforge.workers.token_stats import batch_sum_pi_squared
 from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
                                      mini_batches)
