@@ -19,9 +19,10 @@ the next steps' samples with a behaviour copy of the policy while the trainer up
   the trainer takes groups as chunks finish, never more than it needs: dynamic sampling takes
   exactly the missing number of groups each round, so no informative group is thrown away.
 - Off-policy correction: the batch carries the behaviour log-probs (`rollout_log_probs`, which
-  the lean loop records) and meta `tis_cap`, so the trainer computes the current policy's old
-  log-probs and the actor weights each token's loss by min(exp(old - behaviour), tis_cap): the
-  vLLM backend's truncated importance sampling (algos/tis.py), reused.
+  the lean loop records), so the trainer computes the current policy's old log-probs and the
+  actor, built with the run plan's tis_cap (set when staleness > 0), weights each token's loss by
+  min(exp(old - behaviour), tis_cap): the vLLM backend's truncated importance sampling
+  (algos/tis.py), reused.
 - Sampling draws from the producer's own torch.Generator (seeded from trainer.seed and the step
   it starts at), so it never races the trainer's global RNG (validation's fork_rng restores that).
 - Scoring stays on the trainer thread (the reward workers are not shared across threads).
@@ -78,9 +79,9 @@ class AsyncProducer:
     (`behaviour_rollout`); its `model` takes the published weights and its `generator` is the
     producer's. `loader`: the trainer's PromptLoader, from now on advanced by the producer only."""
 
-    def __init__(self, rollout, loader, start: Start, *, version: int, n: int, temperature: float, tis_cap: float,
+    def __init__(self, rollout, loader, start: Start, *, version: int, n: int, temperature: float,
                  staleness: int, batch_prompts: int, chunk_prompts: int, seed: int):
-        self.rollout, self.loader, self.n, self.temperature, self.tis_cap = rollout, loader, n, temperature, tis_cap
+        self.rollout, self.loader, self.n, self.temperature = rollout, loader, n, temperature
         self.capacity, self.chunk_prompts = staleness * batch_prompts, min(chunk_prompts, batch_prompts)
         self.cond = threading.Condition()
         self.queue: deque[Chunk] = deque()
@@ -182,7 +183,6 @@ class AsyncProducer:
                 batch = self.rollout.generate(prompts_batch(items, start.uid), n=self.n, temperature=self.temperature)
                 gen_s = time.perf_counter() - t0
                 batch["policy_version"] = torch.full((len(batch),), version, dtype=torch.long)
-                batch.meta["tis_cap"] = self.tis_cap  # switches on the actor's truncated IS
                 with self.cond:
                     self.queue.append(Chunk(batch, start, len(items), gen_s))
                     self.inflight = None
@@ -267,5 +267,5 @@ def start_producer(trainer) -> AsyncProducer:
     chunk = r.stream_prompts or max(1, r.micro_batch_size // r.n)
     # started inside the first step() after the loop counted it: step_idx - 1 steps are done
     return AsyncProducer(rollout, trainer.loader, start, version=trainer.step_idx - 1, n=r.n, temperature=r.temperature,
-                         tis_cap=r.tis_cap, staleness=r.staleness, batch_prompts=B, chunk_prompts=chunk,
+                         staleness=r.staleness, batch_prompts=B, chunk_prompts=chunk,
                          seed=cfg.trainer.seed * 1_000_003 + trainer.step_idx)
