@@ -82,7 +82,7 @@ def main() -> int:
     from reinforge.models.forward import response_logprobs
     from reinforge.models.loading import load_causal_lm, load_tokenizer
     from reinforge.trainers.validation import prompts_batch
-    from reinforge.workers.rollout.hf import stop_token_ids
+    from reinforge.workers.rollout.common import stop_token_ids
     from reinforge.workers.rollout.lean import LeanRollout
 
     model_dir = args.model

@@ -50,7 +50,7 @@ def _items(count: int) -> list[dict]:
 
 def _producer(rollout, loader, *, start=None, staleness=1, B=4, chunk=3, n=2) -> AsyncProducer:
     start = start or Start(loader.state_dict(), 0, 0)
-    return AsyncProducer(rollout, loader, start, version=0, n=n, temperature=1.0, tis_cap=2.0, staleness=staleness,
+    return AsyncProducer(rollout, loader, start, version=0, n=n, temperature=1.0, staleness=staleness,
                          batch_prompts=B, chunk_prompts=chunk, seed=0)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from reinforge.models.forward import position_ids_from_mask, response_logprobs, response_values
 from reinforge.models.loading import ModelLoadError, load_causal_lm, load_critic, load_tokenizer
-from reinforge.workers.rollout.hf import left_pad, response_mask_from_eos
+from reinforge.workers.rollout.common import pad_prompts, response_mask_from_eos
 
 
 def test_position_ids_from_mask():
@@ -35,7 +35,7 @@ def test_logprobs_do_not_depend_on_left_padding(tiny_model_dir, fused):
     T = len(response)
     results = []
     for prompts, P in (([prompt], len(prompt)), ([prompt, longer], 20)):
-        ids, mask = left_pad(prompts, P, tok.pad_token_id)
+        ids, mask = pad_prompts(prompts, P, tok.pad_token_id)
         resp = torch.tensor([response] * len(prompts))
         input_ids = torch.cat([ids, resp], 1)
         attn = torch.cat([mask, torch.ones_like(resp)], 1)

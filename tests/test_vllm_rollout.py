@@ -7,7 +7,7 @@ import sys
 
 import torch
 
-from reinforge.workers.rollout.vllm import tis_weights
+from reinforge.algos.tis import tis_weights
 
 
 def test_vllm_module_imports_without_vllm():

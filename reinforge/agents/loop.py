@@ -11,7 +11,7 @@ call; an environment's done), at `max_turns`, or when the budget `rollout.max_re
 
 Token-in, token-out: the response is the generated ids exactly as sampled, then the observation
 ids, and so on: no text is ever re-encoded except tool / environment answers. The Batch is the
-single-turn rollout's (reinforge.workers.rollout.hf.assemble_rollout) with:
+single-turn rollout's (reinforge.workers.rollout.common.assemble_rollout) with:
 - response_mask (B, T) 1 on generated tokens, 0 on observations and padding; attention_mask
   covers both (so observations are read in every forward, and positions stay contiguous);
 - rollout_log_probs (B, T) on generated tokens; truncated (B,) episodes that hit a limit
@@ -25,6 +25,7 @@ single-turn rollout's (reinforge.workers.rollout.hf.assemble_rollout) with:
 """
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -36,7 +37,8 @@ from reinforge.agents.base import Environment, Tool
 from reinforge.agents.executor import run_tool_calls
 from reinforge.protocol import Batch
 from reinforge.rewards.styles import public_extra
-from reinforge.workers.rollout.hf import assemble_rollout, left_pad, sampling_meta
+from reinforge.workers.rollout.base import RolloutCapabilities
+from reinforge.workers.rollout.common import assemble_rollout, pad_prompts, sampling_meta
 
 
 @dataclass
@@ -128,9 +130,12 @@ def row_tool_names(value) -> list[str] | None:
 
 
 class AgentRollout:
-    """`generate(prompts, n, temperature, greedy)` as the single-turn rollouts, over episodes.
+    """`generate(prompts, n, temperature, greedy)` as the single-turn rollouts, over episodes: a
+    Rollout (workers/rollout/base.py) wrapping one. Its capabilities, `model` and `generator` are
+    the inner engine's, so the asynchronous producer and a Ray rank never look inside.
 
-    inner: a LeanRollout / HFRollout (its continue_ids, P, T, eos_ids, top_k, top_p);
+    inner: a Rollout whose capabilities say it `continues` (lean, hf; its continue_ids, P, T,
+    eos_ids, top_k, top_p, micro_batch_size);
     tools: {name: Tool} for every row (a row's `tools` column of names replaces it, resolved by
     `resolve_tools`, by default agents.tools.load_tools); env_factory: a no-argument factory of
     Environments (then tool calls are not parsed: the environment answers every turn; its
@@ -147,8 +152,34 @@ class AgentRollout:
         self.eos_ids = set(inner.eos_ids)
         self.scanners: dict[tuple, StopScanner] = {}
 
+    # ---- the Rollout protocol: the inner engine's ---------------------------------------------
+    @property
+    def capabilities(self) -> RolloutCapabilities:
+        return self.inner.capabilities
+
+    @property
+    def model(self):
+        return self.inner.model
+
+    @property
+    def generator(self):
+        return self.inner.generator
+
+    @generator.setter
+    def generator(self, value) -> None:
+        self.inner.generator = value
+
     def sync_weights(self, actor_model) -> None:
         self.inner.sync_weights(actor_model)
+
+    def continue_ids(self, contexts: list[list[int]], max_new: int, **kw):
+        return self.inner.continue_ids(contexts, max_new, **kw)
+
+    def with_model(self, model) -> "AgentRollout":
+        """This loop around the inner engine generating with `model` (tools and scanners shared)."""
+        twin = copy.copy(self)
+        twin.inner = self.inner.with_model(model)
+        return twin
 
     def _scanner(self, stop_strings: list[str]) -> StopScanner:
         """One scanner per set of stop strings for the whole run (it caches per-token answers)."""
@@ -279,7 +310,7 @@ class AgentRollout:
             L = len(e.ids)
             resp[i, :L], gen[i, :L], valid[i, :L] = torch.as_tensor(e.ids, dtype=torch.long), torch.as_tensor(e.gen), 1
             logp[i, :L] = torch.as_tensor(e.logp)
-        ids, mask = left_pad(prompts["prompt_ids"], self.P, pad)
+        ids, mask = pad_prompts(prompts["prompt_ids"], self.P, pad)
         truncated = torch.as_tensor([e.truncated for e in eps], dtype=torch.bool)
         out = assemble_rollout(prompts, ids, mask, resp, gen, truncated, n, meta, {"rollout_log_probs": logp * gen})
         out["attention_mask"] = torch.cat([mask.repeat_interleave(n, 0), valid], dim=1)

@@ -205,8 +205,6 @@ def check_agent(r) -> None:
         return
     need(not (r.tools and r.env), "rollout.tools and rollout.env: an episode either calls tools or talks to "
                                   "an environment; set one of them")
-    need(r.backend != "vllm", f"rollout.max_turns={r.max_turns} runs on the lean or hf backend (scripts/"
-                              f"gpu_agent_check.py drives vLLM); set rollout.backend=lean")
     need(not r.ignore_eos, f"rollout.ignore_eos: EOS ends an agent turn (rollout.max_turns={r.max_turns}); "
                            f"set rollout.ignore_eos=false")
 
@@ -225,11 +223,11 @@ def validate(cfg: RLConfig) -> RLConfig:
         need(name != "full", f"{key}='full' needs log-probs over the whole vocabulary; the trainer has the "
                              f"sampled tokens' only: use k1, k2, k3, abs, k1+ or k3+")
     check_name(a.kl_ctrl, kl.KL_CONTROLLERS, "algorithm.kl_ctrl")
-    check_name(r.backend, ("lean", "hf", "vllm"), "rollout.backend")
+    from reinforge.workers.rollout import check_rollout_backend, check_rollout_device
+
+    check_rollout_backend(r.backend, staleness=r.staleness, max_turns=r.max_turns)  # the registry's names and capabilities
     check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
-    if r.staleness > 0:  # the producer thread drives a lean loop on a copy of the local actor
-        need(r.backend == "lean", f"rollout.staleness={r.staleness} needs rollout.backend=lean (got {r.backend!r}); "
-                                  f"or set rollout.staleness=0")
+    if r.staleness > 0:  # the producer thread runs on a copy of the local actor
         need(cfg.trainer.backend == "local", f"rollout.staleness={r.staleness} runs with trainer.backend=local only; "
                                              f"with trainer.backend=ray set rollout.staleness=0")
     check_agent(r)
@@ -265,10 +263,7 @@ def validate(cfg: RLConfig) -> RLConfig:
     d["teacher_enabled"] = check_teacher(cfg)
     d["loss_norm_const"] = act.loss_norm_const or r.max_response_length
     d["device"] = resolve_device(cfg.trainer.device)
-    if r.backend == "vllm":
-        from reinforge.workers.rollout import check_vllm_available
-
-        check_vllm_available(d["device"])
+    check_rollout_device(r.backend, d["device"])  # vLLM: a CUDA GPU and the package
     cfg.reward.functions = normalize_reward_functions(cfg.reward.functions, "reward.functions")
     need(bool(cfg.reward.functions) or cfg.reward.reward_model_path or (r.max_turns > 1 and r.env),
          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")

@@ -15,7 +15,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reinforge.data.chat_turns import assistant_turns
-from reinforge.data.collate import pad_right
+from reinforge.models.padding import pad
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.text import check_messages, encode, render_prompt, response_text
 
@@ -109,7 +109,6 @@ class SFTDataset(ItemsDataset):
 
 def collate_sft(items: list[dict], pad_id: int) -> dict[str, "torch.Tensor"]:
     """Right-padded batch: input_ids, attention_mask, loss_mask, each (B, L) int64."""
-    input_ids = pad_right([it["input_ids"] for it in items], pad_id)
-    attention_mask = pad_right([[1] * len(it["input_ids"]) for it in items], 0)
-    loss_mask = pad_right([it["loss_mask"] for it in items], 0)
+    input_ids, attention_mask = pad([it["input_ids"] for it in items], pad_id)
+    loss_mask, _ = pad([it["loss_mask"] for it in items], 0)
     return {"input_ids": input_ids, "attention_mask": attention_mask, "loss_mask": loss_mask}

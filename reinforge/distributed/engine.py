@@ -6,15 +6,16 @@ prompts with its own engine, next to its FSDP2 shards of the actor. See docs/dis
   The copy costs one model of memory per rank; generating on the sharded module instead would
   all-gather every layer at every decoding step, and EOS stops rows at different steps on
   different ranks, so the ranks' collectives would not line up.
-- vllm (GPU): `RankVLLM`, an in-process engine per rank (vLLM's external launcher: the rank's
-  process group is the engine's), asleep while the rank trains (weights offloaded to CPU, KV
-  cache freed: sleep level 1), woken for generation; its weights are streamed in from the
-  shards (weights.hf_tensors, LoRA merged).
+- an own_weights backend (vllm, GPU): an in-process engine per rank built with `rank_engine_kw`
+  (vLLM's external launcher: the rank's process group is the engine's), asleep while the rank
+  trains (weights offloaded to CPU, KV cache freed: sleep level 1), woken for generation; its
+  weights are streamed in from the shards (weights.hf_tensors, LoRA merged).
 
 Sampling is seeded per prompt: with a call seed s from the driver, prompt uid u draws from a
 generator seeded with prompt_seed(s, u), so its samples do not depend on which rank draws them
-or on what else is in the batch (lean/hf generate prompt by prompt for it; vLLM takes a seed per
-request). Greedy decoding needs no seed.
+or on what else is in the batch (lean/hf generate prompt by prompt for it; an engine with
+`per_prompt_seeds`, vLLM, takes a seed per request). Greedy decoding needs no seed. The engine's
+capabilities (workers/rollout/base.py) say which of these paths applies.
 """
 from __future__ import annotations
 
@@ -24,7 +25,6 @@ import torch
 
 from reinforge.distributed import weights
 from reinforge.protocol import Batch
-from reinforge.workers.rollout.vllm import VLLMRollout
 
 MASK63 = (1 << 63) - 1
 
@@ -38,9 +38,17 @@ def prompt_seed(seed: int, uid: int) -> int:
     return (z ^ (z >> 31)) & MASK63
 
 
+def rank_engine_kw(rank: int, world: int) -> dict:
+    """build_rollout's engine arguments for an own_weights engine (vLLM) in Ray rank `rank` of
+    `world`: it joins the rank's process group (the external launcher, whose environment is set
+    here), starts asleep and takes its weights from the FSDP2 shards, one tensor at a time."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world))
+    return dict(weight_items=weights.hf_tensors, enable_sleep_mode=True, distributed_executor_backend="external_launcher")
+
+
 class RankEngine:
     """One rank's rollout (`rollout`) and the weights version it holds. `dense`: the unsharded
-    copy the lean/hf rollout generates with, or None for vLLM (its own weights)."""
+    copy the lean/hf rollout generates with, or None for an own_weights engine (vLLM)."""
 
     def __init__(self, rollout, dense=None):
         self.rollout, self.dense, self.version = rollout, dense, None
@@ -52,15 +60,15 @@ class RankEngine:
         if self.dense is not None:
             weights.copy_full(sharded, self.dense)
         else:
-            self.rollout.load_weights(weights.hf_tensors(sharded))
+            self.rollout.sync_weights(sharded)  # its weight_items stream the shards' full tensors
         self.version = version
 
     def generate(self, sharded, version: int, prompts: Batch | None, kwargs: dict, seed: int | None) -> Batch | None:
         """Collective for the weight sync only: every rank is called, `prompts` None on a rank
-        with no share. kwargs: n, temperature, greedy (HFRollout.generate's)."""
-        wake = getattr(self.rollout, "wake_up", None)
-        if wake is not None:
-            wake()
+        with no share. kwargs: n, temperature, greedy (Rollout.generate's)."""
+        caps = self.rollout.capabilities
+        if caps.sleeps:
+            self.rollout.wake_up()
         try:
             self.sync(sharded, version)
             if prompts is None:
@@ -68,7 +76,7 @@ class RankEngine:
             if seed is None or kwargs.get("greedy"):
                 return self.rollout.generate(prompts, **kwargs)
             seeds = [prompt_seed(seed, int(u)) for u in prompts["uid"]]
-            if self.dense is None:
+            if caps.per_prompt_seeds:
                 return self.rollout.generate(prompts, seeds=seeds, **kwargs)
             parts = []
             with torch.random.fork_rng():
@@ -77,28 +85,5 @@ class RankEngine:
                     parts.append(self.rollout.generate(prompts.index([i]), **kwargs))
             return Batch.concat(parts)
         finally:
-            if wake is not None:
+            if caps.sleeps:
                 self.rollout.sleep()
-
-
-class RankVLLM(VLLMRollout):
-    """VLLMRollout inside a Ray rank: the engine joins the rank's process group (external
-    launcher, one engine per rank), starts asleep, and takes its weights from the FSDP2 shards.
-    UNTESTED on GPU here (no GPU); scripts/gpu_check.sh exercises it."""
-
-    def __init__(self, cfg, sharded_actor, tokenizer, *, rank: int, world: int):
-        os.environ.update(RANK=str(rank), LOCAL_RANK="0", WORLD_SIZE=str(world))
-        super().__init__(cfg, sharded_actor, tokenizer, enable_sleep_mode=True,
-                         distributed_executor_backend="external_launcher")
-        self.sleep()
-
-    def sync_weights(self, actor_model) -> None:
-        """Collective: the shards' full weights, one tensor at a time (called by __init__)."""
-        self.load_weights(weights.hf_tensors(actor_model))
-
-    def wake_up(self) -> None:
-        self.llm.wake_up()
-
-    def sleep(self) -> None:
-        self.llm.sleep(level=1)  # weights to CPU, KV cache freed: the GPU is the trainer's
-        torch.cuda.empty_cache()

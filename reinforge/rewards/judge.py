@@ -22,6 +22,7 @@ import torch
 
 from reinforge.config.schema import DEFAULT_JUDGE_TEMPLATES, JudgeConfig
 from reinforge.models.forward import position_ids_from_mask
+from reinforge.models.padding import pad
 
 JUDGE_NAME = "judge"  # the reserved reward.functions name
 JUDGE_MODES = ("prob", "generate")
@@ -58,15 +59,6 @@ def parse_score(text: str, scale: float) -> tuple[float, bool]:
     if m is None:
         return 0.0, False
     return min(1.0, max(0.0, float(m.group()) / scale)), True
-
-
-def pad_left(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> (ids, mask) (B, L), left-padded to the longest, so every row's last real
-    token is at L - 1 (the rollout's left_pad, imported here: config validation imports this
-    module and should not pull in transformers)."""
-    from reinforge.workers.rollout.hf import left_pad
-
-    return left_pad(seqs, max(len(s) for s in seqs), pad_id)
 
 
 class JudgeScorer:
@@ -106,7 +98,7 @@ class JudgeScorer:
 
     @torch.no_grad()
     def _prob(self, ids: list[list[int]]) -> list[dict]:
-        input_ids, mask = pad_left(ids, self.tok.pad_token_id)
+        input_ids, mask = pad(ids, self.tok.pad_token_id, side="left")  # every row's last real token at L - 1
         input_ids, mask = input_ids.to(self.device), mask.to(self.device)
         logits = self.model(input_ids=input_ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
                             logits_to_keep=1).logits[:, -1].float()  # (B, V) at each row's last real token
@@ -120,7 +112,7 @@ class JudgeScorer:
     def _generate(self, ids: list[list[int]]) -> list[dict]:
         from transformers import GenerationConfig
 
-        input_ids, mask = pad_left(ids, self.tok.pad_token_id)
+        input_ids, mask = pad(ids, self.tok.pad_token_id, side="left")
         # Greedy; the folder's generation_config.json (sampling settings) is not read.
         gen = GenerationConfig(do_sample=False, max_new_tokens=self.cfg.max_new_tokens,
                                pad_token_id=self.tok.pad_token_id, eos_token_id=self.tok.eos_token_id)

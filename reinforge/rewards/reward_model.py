@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from reinforge.data.collate import pad_right
+from reinforge.models.padding import pad
 from reinforge.models.forward import position_ids_from_mask
 
 
@@ -62,8 +62,7 @@ class RewardModelScorer:
             ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
             if self.append_eos:
                 ids = [x + [self.tokenizer.eos_token_id] for x in ids]
-            input_ids = pad_right(ids, self.pad_id).to(self.device)
-            attention_mask = pad_right([[1] * len(x) for x in ids], 0).to(self.device)
+            input_ids, attention_mask = (t.to(self.device) for t in pad(ids, self.pad_id))
             per_pos = self._head_outputs(input_ids, attention_mask)  # (B, L)
             last = attention_mask.sum(-1) - 1  # (B,) index of the last real token
             out.extend(per_pos.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu().tolist())

@@ -19,9 +19,10 @@ the next steps' samples with a behaviour copy of the policy while the trainer up
   the trainer takes groups as chunks finish, never more than it needs: dynamic sampling takes
   exactly the missing number of groups each round, so no informative group is thrown away.
 - Off-policy correction: the batch carries the behaviour log-probs (`rollout_log_probs`, which
-  the lean loop records) and meta `tis_cap`, so the trainer computes the current policy's old
-  log-probs and the actor weights each token's loss by min(exp(old - behaviour), tis_cap): the
-  vLLM backend's truncated importance sampling (workers/rollout/vllm.py tis_weights), reused.
+  the lean loop records), so the trainer computes the current policy's old log-probs and the
+  actor, built with the run plan's tis_cap (set when staleness > 0), weights each token's loss by
+  min(exp(old - behaviour), tis_cap): the vLLM backend's truncated importance sampling
+  (algos/tis.py), reused.
 - Sampling draws from the producer's own torch.Generator (seeded from trainer.seed and the step
   it starts at), so it never races the trainer's global RNG (validation's fork_rng restores that).
 - Scoring stays on the trainer thread (the reward workers are not shared across threads).
@@ -74,12 +75,13 @@ class Chunk:
 class AsyncProducer:
     """The producer thread and its bounded queue of generated chunks.
 
-    `rollout`: a LeanRollout on a deep copy of the actor (`behaviour_rollout`); `loader`: the
-    trainer's PromptLoader, from now on advanced by the producer only."""
+    `rollout`: a Rollout whose capabilities are `async_ok`, on a deep copy of the actor
+    (`behaviour_rollout`); its `model` takes the published weights and its `generator` is the
+    producer's. `loader`: the trainer's PromptLoader, from now on advanced by the producer only."""
 
-    def __init__(self, rollout, loader, start: Start, *, version: int, n: int, temperature: float, tis_cap: float,
+    def __init__(self, rollout, loader, start: Start, *, version: int, n: int, temperature: float,
                  staleness: int, batch_prompts: int, chunk_prompts: int, seed: int):
-        self.rollout, self.loader, self.n, self.temperature, self.tis_cap = rollout, loader, n, temperature, tis_cap
+        self.rollout, self.loader, self.n, self.temperature = rollout, loader, n, temperature
         self.capacity, self.chunk_prompts = staleness * batch_prompts, min(chunk_prompts, batch_prompts)
         self.cond = threading.Condition()
         self.queue: deque[Chunk] = deque()
@@ -92,7 +94,7 @@ class AsyncProducer:
         self.round, self.round_state, self.offset, self.next_uid = [], start.loader_state, start.offset, start.uid
         if start.offset:
             self.round = next(self.loader)
-        engine(rollout).generator = torch.Generator().manual_seed(seed)
+        rollout.generator = torch.Generator().manual_seed(seed)
         self.thread = threading.Thread(target=self._run, name="reinforge-async-rollout", daemon=True)
         self.thread.start()
 
@@ -175,13 +177,12 @@ class AsyncProducer:
                     self.inflight = start
                     snap, version = self.snapshot, self.version
                 if version != self.loaded:
-                    load_trainable(engine(self.rollout).model, snap)
+                    load_trainable(self.rollout.model, snap)
                     self.loaded = version
                 t0 = time.perf_counter()
                 batch = self.rollout.generate(prompts_batch(items, start.uid), n=self.n, temperature=self.temperature)
                 gen_s = time.perf_counter() - t0
                 batch["policy_version"] = torch.full((len(batch),), version, dtype=torch.long)
-                batch.meta["tis_cap"] = self.tis_cap  # switches on the actor's truncated IS
                 with self.cond:
                     self.queue.append(Chunk(batch, start, len(items), gen_s))
                     self.inflight = None
@@ -200,21 +201,10 @@ def load_trainable(model, snapshot: dict[str, torch.Tensor]) -> None:
         params[name].copy_(value)
 
 
-def engine(rollout):
-    """The decoding rollout itself, inside an agent loop's wrapper (rollout.max_turns > 1) if any."""
-    return engine(rollout.inner) if hasattr(rollout, "inner") else rollout
-
-
 def behaviour_rollout(rollout):
-    """A copy of the trainer's rollout (an agent loop's wrapper copied too) on a deep copy of its
-    model: the behaviour policy."""
-    twin = copy.copy(rollout)
-    if hasattr(rollout, "inner"):
-        twin.inner = behaviour_rollout(rollout.inner)
-        return twin
-    twin.model = copy.deepcopy(rollout.model)
-    twin.model.requires_grad_(False)
-    return twin
+    """The trainer's rollout (an agent loop's wrapper included) generating with a frozen deep copy
+    of its model: the behaviour policy."""
+    return rollout.with_model(copy.deepcopy(rollout.model).requires_grad_(False))
 
 
 def collect(producer: AsyncProducer, score, timer, *, want: int, n: int, dynamic: bool,
@@ -266,7 +256,7 @@ def start_producer(trainer) -> AsyncProducer:
     """The producer of an RLTrainer (rollout.staleness > 0), from its current weights, loader
     position and uid (after resume: the checkpoint's `resume_point`)."""
     cfg, r = trainer.cfg, trainer.cfg.rollout
-    if not getattr(engine(trainer.rollout), "lean", False):
+    if not trainer.rollout.capabilities.async_ok:  # lean on a model its loop cannot drive falls back to generate()
         from reinforge.config.load import ConfigError
 
         raise ConfigError(f"rollout.staleness={r.staleness} needs the lean decoding loop, which does not drive "
@@ -277,5 +267,5 @@ def start_producer(trainer) -> AsyncProducer:
     chunk = r.stream_prompts or max(1, r.micro_batch_size // r.n)
     # started inside the first step() after the loop counted it: step_idx - 1 steps are done
     return AsyncProducer(rollout, trainer.loader, start, version=trainer.step_idx - 1, n=r.n, temperature=r.temperature,
-                         tis_cap=r.tis_cap, staleness=r.staleness, batch_prompts=B, chunk_prompts=chunk,
+                         staleness=r.staleness, batch_prompts=B, chunk_prompts=chunk,
                          seed=cfg.trainer.seed * 1_000_003 + trainer.step_idx)

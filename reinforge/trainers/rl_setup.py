@@ -66,19 +66,17 @@ def load_prompts(files: list[str], tokenizer, cfg: RLConfig, rows: dict | None =
     return parts[0] if len(parts) == 1 else ConcatDataset(parts)
 
 
-def make_rollout(cfg: RLConfig, actor_model, tokenizer):
-    r = cfg.rollout
-    if r.backend == "vllm":
-        from reinforge.workers.rollout.vllm import VLLMRollout
+def make_rollout(cfg: RLConfig, actor_model, tokenizer, **engine_kw):
+    """The run's rollout (workers/rollout/__init__.py registry), in the agent loop when
+    rollout.max_turns > 1. `engine_kw`: a Ray rank's extras for an own_weights engine."""
+    from reinforge.workers.rollout import build_rollout, rollout_capabilities
 
-        return VLLMRollout(cfg, actor_model, tokenizer)
-    from reinforge.workers.rollout.hf import HFRollout
-    from reinforge.workers.rollout.lean import LeanRollout
-
-    rollout = (LeanRollout if r.backend == "lean" else HFRollout)(
-        actor_model, tokenizer, max_prompt_length=cfg.data.max_prompt_length,
-        max_response_length=r.max_response_length, micro_batch_size=r.micro_batch_size,
-        top_p=r.top_p, top_k=r.top_k, ignore_eos=r.ignore_eos)
+    r, m = cfg.rollout, cfg.model
+    if rollout_capabilities(r.backend).own_weights:  # it loads its own copy of the model (vLLM)
+        engine_kw = dict(model_path=m.path, tokenizer_path=m.tokenizer_path or m.path, seed=cfg.trainer.seed,
+                         trust_remote_code=m.trust_remote_code, **engine_kw)
+    rollout = build_rollout(r.backend, actor_model, tokenizer, r, max_prompt_length=cfg.data.max_prompt_length,
+                            **engine_kw)
     if r.max_turns > 1:  # episodes of several turns with tools or an environment (reinforge.agents.loop)
         from reinforge.agents.loop import make_agent_rollout
 
@@ -159,14 +157,16 @@ def make_teacher(cfg: RLConfig, actor) -> ReferenceWorker:
 
 
 def build_rank_engine(cfg: RLConfig, actor_model, rank: int, world: int):
-    """A Ray rank's generation engine (reinforge.distributed.engine): vLLM on the rank's GPU, fed
-    from `actor_model`'s FSDP2 shards, or the lean/hf rollout on an unsharded frozen copy."""
-    from reinforge.distributed.engine import RankEngine, RankVLLM
+    """A Ray rank's generation engine (reinforge.distributed.engine): an own_weights backend (vLLM)
+    on the rank's GPU, fed from `actor_model`'s FSDP2 shards, or the lean/hf rollout on an
+    unsharded frozen copy."""
+    from reinforge.distributed.engine import RankEngine, rank_engine_kw
+    from reinforge.workers.rollout import rollout_capabilities
 
     m = cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    if cfg.rollout.backend == "vllm":
-        return RankEngine(RankVLLM(cfg, actor_model, tok, rank=rank, world=world))
+    if rollout_capabilities(cfg.rollout.backend).own_weights:  # its own weights, streamed from the shards
+        return RankEngine(make_rollout(cfg, actor_model, tok, **rank_engine_kw(rank, world)))
     dense = load_actor_model(cfg, train=False)
     return RankEngine(make_rollout(cfg, dense, tok), dense)
 

@@ -63,20 +63,20 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     every pad query still sees itself (no all-masked softmax row, whose NaN would leak into
     backward) and real tokens never see pads (they come later).
     """
-    from reinforge.data.collate import pad_right
+    from reinforge.models.padding import pad
     from reinforge.data.sft import collate_sft
 
     if "segment" not in rows[0]:
         out = collate_sft(rows, pad_id)
         out["position_ids"] = position_ids_from_mask(out["attention_mask"])
         return out
-    seg = pad_right([r["segment"] for r in rows], 0)  # (B, L)
+    seg, _ = pad([r["segment"] for r in rows], 0)  # (B, L)
     L = seg.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool).tril()
     mask4d = (seg[:, :, None] == seg[:, None, :]) & causal  # (B, L, L)
-    return {"input_ids": pad_right([r["input_ids"] for r in rows], pad_id),
-            "loss_mask": pad_right([r["loss_mask"] for r in rows], 0),
-            "position_ids": pad_right([r["position_ids"] for r in rows], 0),
+    return {"input_ids": pad([r["input_ids"] for r in rows], pad_id)[0],
+            "loss_mask": pad([r["loss_mask"] for r in rows], 0)[0],
+            "position_ids": pad([r["position_ids"] for r in rows], 0)[0],
             "attention_mask": mask4d[:, None]}
 
 

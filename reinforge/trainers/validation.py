@@ -149,19 +149,22 @@ class PromptEvaluator:
     trainer's validation), for SFT, DPO and `reinforge eval`. The prompts are tokenised once;
     generation runs on the model as it is at each call.
 
-    `e` is an eval section (reinforge.config.common.GenEvalConfig or SFTEvalConfig)."""
+    `e` is an eval section (reinforge.config.common.GenEvalConfig or SFTEvalConfig); `backend`
+    a rollout.backend name (workers/rollout/__init__.py), the lean loop unless given, and
+    `engine_kw` what an own_weights backend needs besides (build_rollout)."""
 
-    def __init__(self, model, tokenizer, e, *, device: str = "cpu", pass_k=()):
+    def __init__(self, model, tokenizer, e, *, device: str = "cpu", pass_k=(), backend: str = "lean", **engine_kw):
+        from reinforge.config.schema import RolloutConfig
         from reinforge.data import RLDataset
-        from reinforge.workers.rollout.lean import LeanRollout
+        from reinforge.workers.rollout import build_rollout
 
         self.e, self.tok, self.device = e, tokenizer, device
         self.pass_k = [k for k in pass_k if k <= e.n]
         items = [it for f in e.prompt_files
                  for it in RLDataset(f, tokenizer, max_prompt_length=e.max_prompt_length, length_key="eval.max_prompt_length")]
         self.items = items[:e.max_samples]
-        self.rollout = LeanRollout(model, tokenizer, max_prompt_length=e.max_prompt_length,
-                                   max_response_length=e.max_response_length, micro_batch_size=e.batch_size)
+        r = RolloutConfig(backend=backend, max_response_length=e.max_response_length, micro_batch_size=e.batch_size)
+        self.rollout = build_rollout(backend, model, tokenizer, r, max_prompt_length=e.max_prompt_length, **engine_kw)
         self.reward = self._reward_worker()
 
     def _reward_worker(self):

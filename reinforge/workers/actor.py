@@ -22,12 +22,12 @@ from reinforge.algos.aggregation import agg_denominators, agg_loss
 from reinforge.algos.kl import kl_penalty
 from reinforge.algos.masked import masked_mean
 from reinforge.algos.policy_loss import POLICY_LOSSES
+from reinforge.algos.tis import tis_weights
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.packing import packed_response_logprobs
 from reinforge.protocol import Batch
 from reinforge.workers.gkd import GKDTerm, gkd_log_probs
-from reinforge.workers.rollout.vllm import tis_weights
 from reinforge.workers.token_stats import batch_sum_pi_squared
 from reinforge.workers.optim import TrainedWorkerState, make_optimizer, make_scheduler
 from reinforge.workers.update_loop import (LossTerm, NonFiniteGuard, Optim, map_micro_batches, micro_loss,

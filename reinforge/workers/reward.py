@@ -57,7 +57,7 @@ class RewardWorker:
         """-> token_level_scores (B, T), acc (B,) in {0, 1}, response_text and reward_fn_scores
         (one {function name: score, None where a TRL-style function returned None} a sample);
         plus reward metrics."""
-        from reinforge.agents.rewards import env_scores, text_mask, turn_level_scores
+        from reinforge.rewards.episodes import env_scores, text_mask, turn_level_scores
 
         # A multi-turn episode (reinforge.agents.loop) is read whole, observations included.
         traj = batch["trajectory"] if "trajectory" in batch else None

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from reinforge.agents.rewards import turn_level_scores
+from reinforge.rewards.episodes import turn_level_scores
 from reinforge.config.load import ConfigError, load_config
 from reinforge.config.schema import AlgorithmConfig, RewardConfig, RLConfig
 from reinforge.protocol import Batch

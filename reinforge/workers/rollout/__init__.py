@@ -1,5 +1,49 @@
-"""Rollout backends: `hf` (transformers generate, in-process) and `vllm` (GPU, optional)."""
+"""Rollout backends, one registry: `rollout.backend` names an entry of ROLLOUT_BACKENDS, which
+says what the backend can do (its RolloutCapabilities, rollout/base.py), how to check that it
+runs here, and how to build it. Every backend is built by one call:
+
+    rollout = build_rollout(name, model, tokenizer, rollout_cfg, max_prompt_length=P)
+
+- lean: the decoding loop over the model's own layers (lean.py; Qwen2/Qwen3/Llama, else it
+  falls back to generate()); the only backend the asynchronous producer drives.
+- hf: transformers' generate(), in-process (hf.py).
+- vllm: a vLLM engine on the GPU holding its own weights (vllm.py; the optional extra).
+
+Importing this package loads no backend (nor torch): each entry's build imports its module.
+Adding a backend: docs/extending.md, "Adding a rollout backend".
+"""
 from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+from typing import Callable
+
+from reinforge.workers.rollout.base import Rollout, RolloutCapabilities
+
+__all__ = ["ROLLOUT_BACKENDS", "RolloutBackend", "Rollout", "RolloutCapabilities", "build_rollout",
+           "check_rollout_backend", "check_rollout_device", "register_rollout_backend", "rollout_capabilities"]
+
+
+@dataclass(frozen=True)
+class RolloutBackend:
+    """One registry entry."""
+
+    build: Callable[..., Rollout]
+    """(model, tokenizer, rollout_cfg, *, max_prompt_length, **engine_kw) -> a Rollout."""
+    capabilities: RolloutCapabilities
+    """What the backend can do at best; config checks read it before any model loads."""
+    check_device: Callable[[str], None] | None = None
+    """device -> raises ConfigError when the backend cannot run there (None: runs anywhere)."""
+
+
+def _from_config(module: str, cls: str) -> Callable[..., Rollout]:
+    """A build that imports `module` when called and runs its class's from_config."""
+    def build(model, tokenizer, rollout_cfg, *, max_prompt_length: int, **engine_kw) -> Rollout:
+        backend = getattr(importlib.import_module(module), cls)
+        return backend.from_config(model, tokenizer, rollout_cfg, max_prompt_length=max_prompt_length, **engine_kw)
+
+    build.__qualname__ = f"{cls}.from_config"
+    return build
 
 
 def check_vllm_available(device: str) -> None:
@@ -13,3 +57,65 @@ def check_vllm_available(device: str) -> None:
         import vllm  # noqa: F401
     except ImportError:
         raise ConfigError("rollout.backend='vllm' needs the vllm package: pip install 'reinforge[vllm]'") from None
+
+
+ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
+    "lean": RolloutBackend(_from_config("reinforge.workers.rollout.lean", "LeanRollout"),
+                           RolloutCapabilities(async_ok=True)),
+    "hf": RolloutBackend(_from_config("reinforge.workers.rollout.hf", "HFRollout"), RolloutCapabilities()),
+    "vllm": RolloutBackend(_from_config("reinforge.workers.rollout.vllm", "VLLMRollout"),
+                           RolloutCapabilities(continues=False, needs_gpu=True, own_weights=True,
+                                               per_prompt_seeds=True, sleeps=True),
+                           check_device=check_vllm_available),
+}
+
+
+def register_rollout_backend(name: str, entry: RolloutBackend) -> None:
+    """Add a backend under `name` (a second entry of the same name is an error)."""
+    if name in ROLLOUT_BACKENDS:
+        raise ValueError(f"rollout backend {name!r} is already registered")
+    ROLLOUT_BACKENDS[name] = entry
+
+
+def _entry(name: str, key: str = "rollout.backend") -> RolloutBackend:
+    if name not in ROLLOUT_BACKENDS:
+        from reinforge.config.load import ConfigError
+
+        raise ConfigError(f"{key}={name!r} is not known; valid: {sorted(ROLLOUT_BACKENDS)}")
+    return ROLLOUT_BACKENDS[name]
+
+
+def rollout_capabilities(name: str) -> RolloutCapabilities:
+    """The registered capabilities of backend `name` (ConfigError listing the names if unknown)."""
+    return _entry(name).capabilities
+
+
+def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1) -> None:
+    """The config rules a backend's capabilities decide, before any model loads: a known name,
+    the asynchronous producer (rollout.staleness > 0) only on an `async_ok` backend, the agent
+    loop (rollout.max_turns > 1) only on one that `continues` token prefixes."""
+    from reinforge.config.load import ConfigError
+
+    caps = _entry(name).capabilities
+    if staleness > 0 and not caps.async_ok:
+        able = " or ".join(f"rollout.backend={n}" for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.async_ok)
+        raise ConfigError(f"rollout.staleness={staleness} needs {able} (got {name!r}); or set rollout.staleness=0")
+    if max_turns > 1 and not caps.continues:
+        able = " or ".join(n for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.continues)
+        raise ConfigError(f"rollout.max_turns={max_turns} runs on the {able} backend (scripts/gpu_agent_check.py "
+                          f"drives vLLM); set rollout.backend=lean")
+
+
+def check_rollout_device(name: str, device: str) -> None:
+    """ConfigError when backend `name` cannot run on `device` (vLLM: a CUDA GPU and the package)."""
+    entry = _entry(name)
+    if entry.check_device is not None:
+        entry.check_device(device)
+
+
+def build_rollout(name: str, model, tokenizer, rollout_cfg, *, max_prompt_length: int, **engine_kw) -> Rollout:
+    """The rollout of backend `name` generating with `model` (the actor's module; own_weights
+    backends copy it), configured by `rollout_cfg` (a RolloutConfig). `engine_kw`: what an
+    own_weights engine needs besides (vLLM: model_path, tokenizer_path, trust_remote_code, seed,
+    and a Ray rank's weight_items and LLM keywords); the in-process loops take none."""
+    return _entry(name).build(model, tokenizer, rollout_cfg, max_prompt_length=max_prompt_length, **engine_kw)

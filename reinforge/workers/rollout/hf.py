@@ -14,41 +14,17 @@ sampled from (temperature, top-k, top-p), recorded step by step (no (B, T, V) sc
 from __future__ import annotations
 
 import contextlib
+import copy
 
 import torch
 from transformers import GenerationConfig, LogitsProcessor, LogitsProcessorList
 
 from reinforge.algos.logprobs import sampling_log_probs
 from reinforge.models.forward import unwrap_peft
+from reinforge.models.padding import pad
 from reinforge.protocol import Batch
-
-
-def left_pad(seqs: list[list[int]], length: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token lists -> ids (B, length) and mask (B, length), left-padded."""
-    ids = torch.full((len(seqs), length), pad_id, dtype=torch.long)
-    mask = torch.zeros((len(seqs), length), dtype=torch.long)
-    for i, s in enumerate(seqs):
-        if len(s) > length:
-            raise ValueError(f"prompt of {len(s)} tokens exceeds data.max_prompt_length={length}")
-        if s:
-            ids[i, length - len(s):] = torch.as_tensor(s)
-            mask[i, length - len(s):] = 1
-    return ids, mask
-
-
-def response_mask_from_eos(responses: torch.Tensor, eos_ids: list[int], lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, T) generated ids -> mask up to and including the first EOS, and `truncated` (B,) bool.
-
-    `lengths` (B,) is how many tokens each row really generated (beyond is padding). A row with
-    no EOS keeps all its generated tokens and is marked truncated.
-    """
-    B, T = responses.shape
-    pos = torch.arange(T).expand(B, T)
-    is_eos = torch.isin(responses, torch.as_tensor(eos_ids)) & (pos < lengths[:, None])
-    has_eos = is_eos.any(-1)
-    first = torch.where(has_eos, is_eos.float().argmax(-1), lengths - 1)  # index of the last kept token
-    mask = (pos <= first[:, None]).long()
-    return mask, ~has_eos
+from reinforge.workers.rollout.base import RolloutCapabilities
+from reinforge.workers.rollout.common import assemble_rollout, finish_masks, pad_prompts, sampling_meta, stop_token_ids
 
 
 class SampledLogProbs(LogitsProcessor):
@@ -95,12 +71,28 @@ def blank_generation_config(model):
 class HFRollout:
     """`generate(prompts)` -> a Batch of n samples per prompt, interleaved, with group ids."""
 
+    # generate() samples from torch's global generator: the asynchronous producer needs the lean loop.
+    capabilities = RolloutCapabilities()
+    generator: torch.Generator | None = None
+
     def __init__(self, model, tokenizer, *, max_prompt_length: int, max_response_length: int,
                  micro_batch_size: int = 256, top_p: float = 1.0, top_k: int = 0, ignore_eos: bool = False):
         self.model, self.tok = model, tokenizer
         self.P, self.T = max_prompt_length, max_response_length
         self.micro_batch_size, self.top_p, self.top_k = micro_batch_size, top_p, top_k
         self.eos_ids, self.ignore_eos = stop_token_ids(tokenizer, model), ignore_eos
+
+    @classmethod
+    def from_config(cls, model, tokenizer, r, *, max_prompt_length: int):
+        """The registry's build (workers/rollout/__init__.py): the rollout section `r` -> keywords."""
+        return cls(model, tokenizer, max_prompt_length=max_prompt_length, max_response_length=r.max_response_length,
+                   micro_batch_size=r.micro_batch_size, top_p=r.top_p, top_k=r.top_k, ignore_eos=r.ignore_eos)
+
+    def with_model(self, model) -> "HFRollout":
+        """This rollout generating with `model` (an architecture-identical copy of the actor)."""
+        twin = copy.copy(self)
+        twin.model = model
+        return twin
 
     def _gen_config(self, n: int, temperature: float, greedy: bool, T: int) -> GenerationConfig:
         # Every sampling field explicit; with the model's config blanked, nothing else applies.
@@ -148,7 +140,7 @@ class HFRollout:
         generated so far -> (k,) bool, the rows to end now (their budget, a parser's stop
         string); the lean loop calls it each step, generate() does not, so the caller cuts every
         row at its first stop as well."""
-        ids, mask = left_pad(contexts, max(map(len, contexts)), self.tok.pad_token_id)
+        ids, mask = pad(contexts, self.tok.pad_token_id, side="left")
         return self._generate_ids(ids, mask, 1, greedy, sampling, T=max_new, stop=stop)
 
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
@@ -156,7 +148,7 @@ class HFRollout:
         fields, which are repeated. Returns B = B0 * n rows with prompts (B, P), responses (B, T),
         input_ids / attention_mask (B, P+T), response_mask (B, T), group_ids (B,) and truncated (B,)
         bool (positions come from the attention mask wherever they are needed)."""
-        ids, mask = left_pad(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
+        ids, mask = pad_prompts(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
         meta = sampling_meta(temperature, self.top_k, self.top_p, greedy)
         step = max(1, self.micro_batch_size // n)
         parts = [self._generate_ids(ids[i:i + step], mask[i:i + step], n, greedy,
@@ -169,41 +161,3 @@ class HFRollout:
         return assemble_rollout(prompts, ids, mask, resp, response_mask, truncated, n, meta,
                                 {"rollout_log_probs": logp * response_mask})
 
-
-def sampling_meta(temperature: float, top_k: int, top_p: float, greedy: bool) -> dict:
-    """The batch meta every backend records: the distribution the log-probs are computed under
-    (greedy batches are scored under the plain softmax)."""
-    if greedy:
-        return {"temperature": 1.0, "top_k": 0, "top_p": 1.0}
-    return {"temperature": temperature, "top_k": top_k, "top_p": top_p}
-
-
-def finish_masks(responses: torch.Tensor, eos_ids: list[int], lengths: torch.Tensor,
-                 ignore_eos: bool) -> tuple[torch.Tensor, torch.Tensor]:
-    """`response_mask_from_eos`, or with ignore_eos (EOS was not a stop token, every row ran to
-    T tokens) all T tokens kept and every row marked truncated."""
-    if ignore_eos:
-        return torch.ones_like(responses), torch.ones(len(responses), dtype=torch.bool)
-    return response_mask_from_eos(responses, eos_ids, lengths)
-
-
-def stop_token_ids(tokenizer, model) -> list[int]:
-    """The tokenizer's EOS plus the model's generation-config EOS id(s), sorted."""
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    gen_eos = [] if gen_eos is None else list(gen_eos) if isinstance(gen_eos, (list, tuple)) else [gen_eos]
-    return sorted({tokenizer.eos_token_id, *gen_eos})
-
-
-def assemble_rollout(prompts: Batch, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, resp: torch.Tensor,
-                     response_mask: torch.Tensor, truncated: torch.Tensor, n: int, meta: dict,
-                     extra: dict | None = None) -> Batch:
-    """The rollout Batch every backend returns: prompt_ids/prompt_mask (B0, P) left-padded, resp /
-    response_mask (B, T) with B = B0 * n interleaved, truncated (B,); the per-prompt fields of
-    `prompts` are repeated n times (`uid` becomes `group_ids`); `extra` (B, ...) tensors join."""
-    rows = prompts.repeat(n)
-    p_ids, p_mask = prompt_ids.repeat_interleave(n, 0), prompt_mask.repeat_interleave(n, 0)
-    out = Batch({"prompts": p_ids, "responses": resp, "input_ids": torch.cat([p_ids, resp], dim=1),
-                 "attention_mask": torch.cat([p_mask, response_mask], dim=1), "response_mask": response_mask,
-                 "group_ids": rows["uid"], "truncated": truncated, **(extra or {})},
-                dict(rows.non_tensors), meta)
-    return out | rows.select([k for k in rows.tensors if k != "uid"])

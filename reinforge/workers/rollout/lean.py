@@ -22,6 +22,7 @@ import torch
 
 from reinforge.algos.logprobs import sampling_log_probs
 from reinforge.models.forward import unwrap_peft
+from reinforge.workers.rollout.base import RolloutCapabilities
 from reinforge.workers.rollout.hf import HFRollout
 
 SUPPORTED = ("qwen2", "qwen3", "llama")
@@ -61,15 +62,16 @@ class StaticCache:
 
 
 class LeanRollout(HFRollout):
-    """HFRollout with the decoding loop above (generate() for unsupported architectures)."""
+    """HFRollout with the decoding loop above (generate() for unsupported architectures).
 
-    # Sampling's random source: None is torch's global one; the asynchronous producer's copy
-    # draws from its own (trainers/async_rollout.py), which no other thread moves or restores.
-    generator: torch.Generator | None = None
+    `generator`, sampling's random source, is torch's global one (None) unless set: the
+    asynchronous producer's copy draws from its own (trainers/async_rollout.py), which no other
+    thread moves or restores; so only a model this loop drives can run in the producer."""
 
     def __init__(self, model, tokenizer, **kw):
         super().__init__(model, tokenizer, **kw)
         self.lean = lean_supported(model)
+        self.capabilities = RolloutCapabilities(async_ok=self.lean)
 
     def _parts(self):
         """(inner HF causal LM, its backbone) looking through a PEFT wrapper."""

@@ -14,10 +14,13 @@ optional extra `pip install 'reinforge[vllm]'`.
   into the engine's model in place (`apply_model(lambda m: m.load_weights(...))`); with
   `VLLM_ENABLE_V1_MULTIPROCESSING=0` the engine runs in this process, so no copy crosses
   processes.
-- Truncated importance sampling (`tis_weights`): vLLM's kernels and sampling differ slightly
+- Truncated importance sampling (algos/tis.py): vLLM's kernels and sampling differ slightly
   from the trainer's forward, so the rollout policy is not exactly the policy the trainer
-  evaluates. Each token's policy loss is weighted by min(exp(old_log_probs - rollout_log_probs),
-  rollout.tis_cap) (https://fengyao.notion.site/off-policy-rl), and the gap is logged.
+  evaluates. The actor weights each token's policy loss by min(exp(old_log_probs -
+  rollout_log_probs), rollout.tis_cap) (its tis_cap comes from the run plan), and the gap is logged.
+- In a Ray rank (distributed/engine.py) the engine joins the rank's process group (vLLM's
+  external launcher), sleeps between generations (`enable_sleep_mode`) and takes its weights
+  from the FSDP2 shards (`weight_items`).
 """
 from __future__ import annotations
 
@@ -25,23 +28,9 @@ import os
 
 import torch
 
-from reinforge.algos.masked import masked_mean
 from reinforge.protocol import Batch
-from reinforge.workers.rollout.hf import assemble_rollout, finish_masks, left_pad, sampling_meta, stop_token_ids
-
-
-def tis_weights(old_log_probs: torch.Tensor, rollout_log_probs: torch.Tensor, mask: torch.Tensor,
-                cap: float) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """(B, T) trainer and rollout log-probs -> per-token weights min(exp(old - rollout), cap) (B, T)
-    (no gradient; 0 off the mask) and metrics of the gap."""
-    m = mask.float()
-    gap = (old_log_probs - rollout_log_probs).detach() * m  # (B, T)
-    ratio = torch.exp(gap)
-    w = torch.clamp(ratio, max=cap) * m
-    return w, {"rollout_corr/logprob_gap_abs_mean": masked_mean(gap.abs(), m),
-               "rollout_corr/logprob_gap_max": gap.abs().max(),
-               "rollout_corr/tis_weight_mean": masked_mean(w, m),
-               "rollout_corr/tis_clip_frac": masked_mean((ratio > cap).float(), m)}
+from reinforge.workers.rollout.base import RolloutCapabilities
+from reinforge.workers.rollout.common import assemble_rollout, finish_masks, pad_prompts, sampling_meta, stop_token_ids
 
 
 def hf_state_items(model):
@@ -59,26 +48,61 @@ def hf_state_items(model):
 
 
 class VLLMRollout:
-    """Same contract as HFRollout.generate, plus `rollout_log_probs` and meta `tis_cap`."""
+    """Same contract as HFRollout.generate (rollout_log_probs included), on an engine holding its
+    own weights, loaded from `model_path` and refreshed from the actor by sync_weights."""
 
-    def __init__(self, cfg, actor_model, tokenizer, **llm_kwargs):
-        """`llm_kwargs` go to vLLM's LLM(...) (a Ray rank adds sleep mode and the external launcher)."""
+    generator = None  # vLLM seeds its own sampling (`seed`, or one seed a prompt)
+
+    def __init__(self, actor_model, tokenizer, *, max_prompt_length: int, max_response_length: int,
+                 model_path: str, tokenizer_path: str | None = None, top_p: float = 1.0, top_k: int = 0,
+                 ignore_eos: bool = False, gpu_memory_utilization: float = 0.5, seed: int = 0,
+                 trust_remote_code: bool = False, weight_items=hf_state_items, **llm_kwargs):
+        """`weight_items(actor_model)` -> (HF name, tensor) pairs (a Ray rank streams them from its
+        shards); `llm_kwargs` go to vLLM's LLM(...) (a Ray rank adds sleep mode and the external
+        launcher: with enable_sleep_mode the engine starts asleep)."""
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
 
-        r = cfg.rollout
-        self.tok, self.r = tokenizer, r
-        self.P, self.T = cfg.data.max_prompt_length, r.max_response_length
+        self.model, self.tok, self.weight_items = actor_model, tokenizer, weight_items
+        self.P, self.T = max_prompt_length, max_response_length
+        self.top_p, self.top_k, self.ignore_eos = top_p, top_k, ignore_eos
         self.eos_ids = stop_token_ids(tokenizer, actor_model)
+        sleeps = bool(llm_kwargs.get("enable_sleep_mode"))
+        self.capabilities = RolloutCapabilities(continues=False, needs_gpu=True, own_weights=True,
+                                                per_prompt_seeds=True, sleeps=sleeps)
         dtype = next(actor_model.parameters()).dtype
-        self.llm = LLM(model=cfg.model.path, tokenizer=cfg.model.tokenizer_path or cfg.model.path,
-                       dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=r.gpu_memory_utilization,
-                       max_model_len=self.P + self.T, seed=cfg.trainer.seed, enable_prefix_caching=True,
-                       logprobs_mode="processed_logprobs", trust_remote_code=cfg.model.trust_remote_code, **llm_kwargs)
+        self.llm = LLM(model=model_path, tokenizer=tokenizer_path or model_path,
+                       dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=gpu_memory_utilization,
+                       max_model_len=self.P + self.T, seed=seed, enable_prefix_caching=True,
+                       logprobs_mode="processed_logprobs", trust_remote_code=trust_remote_code, **llm_kwargs)
         self.sync_weights(actor_model)  # the actor may be a LoRA-wrapped or resumed model
+        if sleeps:
+            self.sleep()
+
+    @classmethod
+    def from_config(cls, actor_model, tokenizer, r, *, max_prompt_length: int, **engine_kw):
+        """The registry's build: the rollout section `r` -> keywords; `engine_kw` holds model_path
+        (required), tokenizer_path, seed, trust_remote_code and a rank's extras."""
+        return cls(actor_model, tokenizer, max_prompt_length=max_prompt_length, max_response_length=r.max_response_length,
+                   top_p=r.top_p, top_k=r.top_k, ignore_eos=r.ignore_eos,
+                   gpu_memory_utilization=r.gpu_memory_utilization, **engine_kw)
+
+    def with_model(self, model):
+        raise NotImplementedError("the vLLM engine holds its own weights: sync_weights refreshes them")
+
+    def continue_ids(self, contexts, max_new, *, greedy, sampling, stop=None):
+        raise NotImplementedError("the vLLM backend does not continue token prefixes (capabilities.continues)")
+
+    def wake_up(self) -> None:
+        self.llm.wake_up()
+
+    def sleep(self) -> None:
+        self.llm.sleep(level=1)  # weights to CPU, KV cache freed: the GPU is the trainer's
+        torch.cuda.empty_cache()
 
     def sync_weights(self, actor_model) -> None:
-        self.load_weights(hf_state_items(actor_model))
+        """The actor's weights into the engine (a rank's shards: collective, one tensor at a time)."""
+        self.load_weights(self.weight_items(actor_model))
 
     def load_weights(self, items) -> None:
         """(Hugging Face name, tensor) pairs, any iterable (a Ray rank streams them from its shards)."""
@@ -88,9 +112,9 @@ class VLLMRollout:
     def _params(self, n: int, temperature: float, greedy: bool, seed: int | None = None):
         from vllm import SamplingParams
 
-        return SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else self.r.top_p,
-                              top_k=-1 if greedy or not self.r.top_k else self.r.top_k, max_tokens=self.T,
-                              stop_token_ids=[] if self.r.ignore_eos else self.eos_ids, ignore_eos=self.r.ignore_eos,
+        return SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else self.top_p,
+                              top_k=-1 if greedy or not self.top_k else self.top_k, max_tokens=self.T,
+                              stop_token_ids=[] if self.ignore_eos else self.eos_ids, ignore_eos=self.ignore_eos,
                               logprobs=0, detokenize=False, seed=seed)
 
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False,
@@ -109,10 +133,10 @@ class VLLMRollout:
                 resp[row, :len(ids)] = torch.as_tensor(ids, dtype=torch.long)
                 rlp[row, :len(ids)] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, ids)])
                 lengths[row] = max(len(ids), 1)
-        response_mask, truncated = finish_masks(resp, self.eos_ids, lengths, self.r.ignore_eos)
-        ids, mask = left_pad(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
+        response_mask, truncated = finish_masks(resp, self.eos_ids, lengths, self.ignore_eos)
+        ids, mask = pad_prompts(prompts["prompt_ids"], self.P, self.tok.pad_token_id)
         return assemble_rollout(prompts, ids, mask, resp, response_mask, truncated, n,
-                                {**sampling_meta(temperature, self.r.top_k, self.r.top_p, greedy), "tis_cap": self.r.tis_cap},
+                                sampling_meta(temperature, self.top_k, self.top_p, greedy),
                                 {"rollout_log_probs": rlp * response_mask})
 
 
