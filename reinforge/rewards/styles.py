@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Callable
 
 # RLDataset-built items may carry their raw row in extra[ROW_KEY] = (prompt column, row), so
 # that TRL-style functions see the prompt and the columns as the file holds them. It is taken
