@@ -17,7 +17,6 @@ from typing import Callable, Iterable
 
 import torch
 
-ACC_KEY = "acc"  # the key of a reward dict that reports correctness
 DEFAULT_THRESHOLD = 0.5
 
 

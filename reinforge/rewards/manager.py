@@ -13,10 +13,9 @@ import time
 from typing import Any, Callable
 
 from reinforge.config.schema import RewardConfig
-from reinforge.rewards.correctness import ACC_KEY
 from reinforge.rewards.pool import ERROR, OK, TIMEOUT, TimeoutPool
 from reinforge.rewards.registry import PYTHON_PREFIX, load_reward_fn
-from reinforge.rewards.result import FunctionScores
+from reinforge.rewards.scores import ACC_KEY, FunctionScores
 from reinforge.rewards.styles import batch_call, calling, sample_call
 
 _DEFAULTS = RewardConfig()  # the schema holds the defaults; the manager only reads them
