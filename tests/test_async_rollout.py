@@ -18,6 +18,7 @@ from reinforge.config.schema import RLConfig
 from reinforge.config.validate import validate
 from reinforge.data.loader import PromptLoader
 from reinforge.protocol import Batch
+from reinforge.rewards.result import RewardResult
 from reinforge.trainers import async_rollout
 from reinforge.trainers.async_rollout import AsyncProducer, Start
 from reinforge.trainers.rl import RLTrainer
@@ -107,6 +108,11 @@ def test_resume_point_continues_with_the_first_untaken_prompt():
     assert again["prompt_text"] == expected and again["group_ids"][0] == 6
 
 
+def _scored(scores: torch.Tensor, metrics: dict) -> RewardResult:
+    """A RewardWorker.score result with these sequence scores."""
+    return RewardResult(scores, scores[:, None], scores > 0.5, [""] * len(scores), metrics=metrics)
+
+
 def test_dynamic_sampling_takes_only_the_missing_groups():
     """Groups with an even uid score alike (uninformative): each step keeps the next 4 odd ones,
     taking the missing count each round, so the following step starts right after them."""
@@ -115,7 +121,7 @@ def test_dynamic_sampling_takes_only_the_missing_groups():
     def score(rows: Batch):
         g = rows["group_ids"]
         varied = torch.arange(len(g)) % 2 * (g % 2)  # odd groups: 0, 1 within each pair of rows
-        return Batch({"seq_scores": varied.float()}), {"reward/mean": 0.0}
+        return _scored(varied.float(), {"reward/mean": 0.0})
 
     p = _producer(FakeRollout(), PromptLoader(_items(64), batch_size=4, seed=0), staleness=2)
     try:
@@ -129,8 +135,7 @@ def test_dynamic_sampling_takes_only_the_missing_groups():
         batch, _, _ = async_rollout.collect(p, score, Timer(), **kw)
         assert batch["group_ids"].view(-1, 2)[:, 0].tolist() == [9, 11, 13, 15]
         # the budget: at most max_rounds x want groups seen, then what was kept
-        batch, m, _ = async_rollout.collect(p, lambda rows: (Batch({"seq_scores": torch.zeros(len(rows))}), {}),
-                                            Timer(), **kw)
+        batch, m, _ = async_rollout.collect(p, lambda rows: _scored(torch.zeros(len(rows)), {}), Timer(), **kw)
         assert len(batch) == 0 and m["dynamic_sampling/kept_ratio"] == 0.0
         assert p.resume_point().uid == 16 + 12
     finally:

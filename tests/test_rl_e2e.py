@@ -192,7 +192,6 @@ def test_pretrained_critic_exported_when_its_last_step_is_skipped(tiny_model_dir
     trainer = RLTrainer(cfg)
 
     def nothing_informative():
-        trainer._reward_metrics = {}
         return Batch(), {}
 
     trainer.collect_batch = nothing_informative

@@ -87,7 +87,7 @@ def main() -> None:
                 p.copy_(theta0[n] - s * direction[n] / norm)
         torch.manual_seed(123)  # common random numbers across step sizes
         b = t.rollout.generate(prompts_batch(items, 10 ** 6), n=8, temperature=1.0)
-        return float(t.reward.score(b)[0]["seq_scores"].mean())
+        return float(t.reward.score(b).scores.mean())
 
     rows = []
     for which in ("all", "positive", "negative"):

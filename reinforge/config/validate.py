@@ -237,9 +237,6 @@ def validate(cfg: RLConfig) -> RLConfig:
                        f"rollout.n={r.n} must be >= 2")
     need(not a.dynamic_sampling or r.n >= 2,
          f"algorithm.dynamic_sampling keeps groups whose rewards differ: rollout.n={r.n} must be >= 2")
-    need(0 <= a.overlong_buffer_len < r.max_response_length,
-         f"algorithm.overlong_buffer_len={a.overlong_buffer_len} must be in [0, rollout.max_response_length="
-         f"{r.max_response_length})")
     check_adamw(act, "actor")
     check_model_and_run(cfg.model, cfg.trainer)
     max_pos = model_max_positions(cfg.model.path)
@@ -267,23 +264,11 @@ def validate(cfg: RLConfig) -> RLConfig:
     cfg.reward.functions = normalize_reward_functions(cfg.reward.functions, "reward.functions")
     need(bool(cfg.reward.functions) or cfg.reward.reward_model_path or (r.max_turns > 1 and r.env),
          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
-    check_reward_shaping(cfg.reward)
+    from reinforge.rewards.shaping import check_shaping  # each shaping term checks its own keys
+
+    check_shaping(cfg.reward, a, r.max_response_length)
     check_judge(cfg.reward)
     return cfg
-
-
-def check_reward_shaping(rw) -> None:
-    """reward.length_penalty, reward.format and the clip bounds (docs/rewards.md, "Reward shaping")."""
-    from reinforge.rewards.shaping import LENGTH_PENALTIES, format_checker
-
-    check_choice(rw.length_penalty.kind, LENGTH_PENALTIES, "reward.length_penalty.kind")
-    if rw.format.check:
-        try:
-            format_checker(rw.format.check)
-        except ValueError as exc:
-            raise ConfigError(f"reward.format.check: {exc}") from None
-    need(rw.clip_min is None or rw.clip_max is None or rw.clip_min < rw.clip_max,
-         f"reward.clip_min={rw.clip_min} must be below reward.clip_max={rw.clip_max}")
 
 
 def check_judge(rw) -> None:

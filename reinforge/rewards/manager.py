@@ -15,6 +15,7 @@ from typing import Any, Callable
 from reinforge.config.schema import RewardConfig
 from reinforge.rewards.pool import ERROR, OK, TIMEOUT, TimeoutPool
 from reinforge.rewards.registry import PYTHON_PREFIX, load_reward_fn
+from reinforge.rewards.scores import ACC_KEY, FunctionScores
 from reinforge.rewards.styles import batch_call, calling, sample_call
 
 _DEFAULTS = RewardConfig()  # the schema holds the defaults; the manager only reads them
@@ -26,7 +27,7 @@ class RewardError(RuntimeError):
 
 def _normalize(value: Any) -> tuple[float, dict[str, float]]:
     """(score, extra numeric metrics) from a real number (bool, int, float, numpy scalar) or a
-    dict with "score"."""
+    dict with "score" (an "acc" key, the function's correctness, is among the extras)."""
     extras: dict[str, float] = {}
     if isinstance(value, dict):
         if "score" not in value:
@@ -165,7 +166,7 @@ def _parse_spec(item) -> tuple[Any, float, str | None]:
 
 
 class RewardManager:
-    """score(prompts, responses, ground_truths, extras, completion_ids) -> (scores, metrics).
+    """score(prompts, responses, ground_truths, extras, completion_ids) -> FunctionScores.
 
     score_i = sum_f weight_f * f(sample i), each f called in its style (reinforge.rewards.styles:
     reinforge, veRL or TRL, detected from the signature unless given). Where calls run:
@@ -189,9 +190,9 @@ class RewardManager:
     of the sum (a nan-aware sum, as TRL's; the other functions' weights are not rescaled), the
     function's mean is over the samples it scored, and `reward/unscored` is the fraction of
     samples no function scored (their score is 0).
-    Defaults are RewardConfig's (reinforge.config.schema).
+    Defaults are RewardConfig's (reinforge.config.schema; `from_config` reads a whole section).
     Metrics: reward/<fn>/mean, reward/<fn>/<key> (mean of the extra numeric keys of dict results),
-    reward/errors, reward/timeouts, reward/unscored (with a TRL-style function).
+    reward/unscored (with a TRL-style function), and the counts reward/errors, reward/timeouts.
     """
 
     def __init__(
@@ -215,9 +216,6 @@ class RewardManager:
         self.num_workers = num_workers
         self._pool = None
         self._loop: _EventLoop | None = None
-        # The last batch's scores per function ({name: (B,)}, nan where a TRL-style function
-        # returned None), for logging samples.
-        self.last_scores: dict[str, list[float]] = {}
         for f in self.fns:
             if f.mode == "thread":
                 print(f"[reinforge] reward '{f.name}' runs in this process, each call in a thread ({f.why_not_pooled}, "
@@ -230,6 +228,18 @@ class RewardManager:
             specs = [f.ref for f in pooled if isinstance(f.ref, str)]
             modules = sorted({m for f in pooled for m in getattr(f.fn, "preload_modules", ())})
             self._pool = TimeoutPool(max(1, num_workers), timeout_s, preload_specs=specs, preload_modules=modules)
+
+    @classmethod
+    def from_config(cls, specs: list, cfg: RewardConfig) -> "RewardManager":
+        """A manager with the limits of a reward section (num_workers, timeout_s, default_score,
+        max_error_rate)."""
+        return cls(specs, num_workers=cfg.num_workers, timeout_s=cfg.timeout_s, default_score=cfg.default_score,
+                   max_error_rate=cfg.max_error_rate)
+
+    @property
+    def functions(self) -> list[tuple[str, Callable]]:
+        """(name, callable) of each configured function, in order."""
+        return [(f.name, f.fn) for f in self.fns]
 
     def _batched_timeout(self, n: int) -> float:
         return self.batched_timeout_s or self.timeout_s * max(1, n)
@@ -285,76 +295,89 @@ class RewardManager:
         return self._loop
 
     def score(self, prompts, responses, ground_truths, extras=None, completion_ids=None,
-              trajectories=None) -> tuple[list[float], dict[str, float]]:
+              trajectories=None) -> FunctionScores:
         """prompts, responses: texts (B,); ground_truths (B,); extras: one dict a sample (the
         dataset's other columns); completion_ids: the responses' token ids (TRL-style functions);
         trajectories: the agent loop's episodes (B,), passed to functions that name `trajectory`
         (`trajectories` when batched). With trajectories a function may return one number per
-        turn: its sum is the score, and `last_turn_scores` keeps the weighted per-turn values."""
+        turn: its sum is the score, and `turn_scores` holds the weighted per-turn values."""
         n = len(prompts)
         if not (len(responses) == len(ground_truths) == n):
             raise ValueError(f"lengths differ: {n} prompts, {len(responses)} responses, {len(ground_truths)} ground truths")
         extras = [dict(e or {}) for e in extras] if extras is not None else [{} for _ in range(n)]
-        totals = [0.0] * n
+        out = FunctionScores([0.0] * n, {"reward/errors": 0.0, "reward/timeouts": 0.0},
+                             turn_scores=[None] * n if trajectories is not None else None,
+                             reported_correct=[None] * n)
         scored = [False] * n
-        metrics: dict[str, float] = {"reward/errors": 0.0, "reward/timeouts": 0.0}
         sums: dict[str, list[float]] = {}
-        self.last_scores = {}
-        # Per sample, the weighted per-turn rewards of functions that returned a list (None: none did).
-        self.last_turn_scores: list[list[float] | None] = [None] * n
         for f in self.fns:
             if f.call.batched:
                 results = self._run_batched(f, prompts, responses, ground_truths, extras, completion_ids, trajectories)
             else:
                 results = self._run_per_sample(f, prompts, responses, ground_truths, extras, trajectories)
-            scores, failures, first = [], 0, None
-            for i, (status, value) in enumerate(results):
-                s = math.nan  # None (or nan, as TRL reads None) from a TRL-style function: not applicable
-                if status == OK and trajectories is not None and isinstance(value, (list, tuple)):
-                    try:
-                        value = self._turn_list(i, value, trajectories[i], f.weight)
-                    except (TypeError, ValueError) as exc:
-                        status, value = _error(exc)
-                if status == OK and not (f.call.style == "trl" and _not_applicable(value)):
-                    try:
-                        s, ex = _normalize(value)
-                        for k, v in ex.items():
-                            sums.setdefault(f"reward/{f.name}/{k}", []).append(v)
-                    except (TypeError, ValueError) as exc:
-                        status, value = _error(exc)
-                if status != OK:
-                    s, failures, first = self.default_score, failures + 1, first or value
-                    metrics["reward/timeouts" if status == TIMEOUT else "reward/errors"] += 1
-                scores.append(s)
-            timeouts = sum(status == TIMEOUT for status, _ in results)
-            if timeouts:
-                print(f"[reinforge] reward '{f.name}': {timeouts}/{n} calls timed out and scored "
-                      f"{self.default_score:g}: {next(v for st, v in results if st == TIMEOUT)}", file=sys.stderr)
-            if n and failures / n > self.max_error_rate:
-                raise RewardError(
-                    f"reward function '{f.name}' failed on {failures}/{n} samples "
-                    f"(max_error_rate={self.max_error_rate}); first failure: {first}"
-                )
-            self.last_scores[f.name] = scores
+            scores = self._read_results(f, results, trajectories, out, sums)
+            out.per_function[f.name] = scores
             applicable = [s for s in scores if not math.isnan(s)]
             if applicable or not n:
-                metrics[f"reward/{f.name}/mean"] = sum(applicable) / len(applicable) if applicable else 0.0
-            totals = [t if math.isnan(s) else t + f.weight * s for t, s in zip(totals, scores)]
+                out.metrics[f"reward/{f.name}/mean"] = sum(applicable) / len(applicable) if applicable else 0.0
+                if len(applicable) != n:
+                    out.weights[f"reward/{f.name}/mean"] = len(applicable)
+            out.scores = [t if math.isnan(s) else t + f.weight * s for t, s in zip(out.scores, scores)]
             scored = [done or not math.isnan(s) for done, s in zip(scored, scores)]
         if any(f.call.style == "trl" for f in self.fns):
-            metrics["reward/unscored"] = (n - sum(scored)) / n if n else 0.0
-        metrics.update({k: sum(v) / len(v) for k, v in sums.items()})
-        return totals, metrics
+            out.metrics["reward/unscored"] = (n - sum(scored)) / n if n else 0.0
+        out.metrics.update({k: sum(v) / len(v) for k, v in sums.items()})
+        out.weights.update({k: len(v) for k, v in sums.items() if len(v) != n})
+        return out
 
-    def _turn_list(self, i: int, value, trajectory: dict, weight: float) -> float:
+    def _read_results(self, f: _Fn, results: list[tuple[str, Any]], trajectories, out: FunctionScores,
+                      sums: dict[str, list[float]]) -> list[float]:
+        """f's (B,) scores from its calls' (status, value): failures scored default_score and
+        counted in out.metrics, per-turn lists and reported correctness recorded in `out`, extra
+        dict keys collected in `sums`. RewardError past max_error_rate."""
+        n = len(results)
+        scores, failures, first = [], 0, None
+        for i, (status, value) in enumerate(results):
+            s = math.nan  # None (or nan, as TRL reads None) from a TRL-style function: not applicable
+            if status == OK and trajectories is not None and isinstance(value, (list, tuple)):
+                try:
+                    value = self._turn_list(out.turn_scores, i, value, trajectories[i], f.weight)
+                except (TypeError, ValueError) as exc:
+                    status, value = _error(exc)
+            if status == OK and not (f.call.style == "trl" and _not_applicable(value)):
+                try:
+                    s, ex = _normalize(value)
+                    for k, v in ex.items():
+                        sums.setdefault(f"reward/{f.name}/{k}", []).append(v)
+                    if ACC_KEY in ex:
+                        out.reported_correct[i] = bool(ex[ACC_KEY]) and out.reported_correct[i] is not False
+                except (TypeError, ValueError) as exc:
+                    status, value = _error(exc)
+            if status != OK:
+                s, failures, first = self.default_score, failures + 1, first or value
+                out.metrics["reward/timeouts" if status == TIMEOUT else "reward/errors"] += 1
+            scores.append(s)
+        timeouts = sum(status == TIMEOUT for status, _ in results)
+        if timeouts:
+            print(f"[reinforge] reward '{f.name}': {timeouts}/{n} calls timed out and scored "
+                  f"{self.default_score:g}: {next(v for st, v in results if st == TIMEOUT)}", file=sys.stderr)
+        if n and failures / n > self.max_error_rate:
+            raise RewardError(
+                f"reward function '{f.name}' failed on {failures}/{n} samples "
+                f"(max_error_rate={self.max_error_rate}); first failure: {first}"
+            )
+        return scores
+
+    @staticmethod
+    def _turn_list(turn_scores: list, i: int, value, trajectory: dict, weight: float) -> float:
         """A per-turn reward list of sample i: checked against its turns, its weighted values
-        added to last_turn_scores[i]; -> the sum, the sample's score."""
+        added to turn_scores[i]; -> the sum, the sample's score."""
         turns = trajectory["turns"]
         if len(value) != turns:
             raise ValueError(f"per-turn reward has {len(value)} values for an episode of {turns} turns")
         vals = [_normalize(v)[0] for v in value]
-        prev = self.last_turn_scores[i] or [0.0] * turns
-        self.last_turn_scores[i] = [p + weight * v for p, v in zip(prev, vals)]
+        prev = turn_scores[i] or [0.0] * turns
+        turn_scores[i] = [p + weight * v for p, v in zip(prev, vals)]
         return sum(vals)
 
     def close(self) -> None:

@@ -5,17 +5,15 @@ from __future__ import annotations
 import torch
 
 from reinforge.models.padding import pad
-from reinforge.models.forward import position_ids_from_mask
+from reinforge.models.reward_head import last_token_scores
 
 
 class RewardModelScorer:
     """`score(prompts, responses) -> list[float]`: the model's scalar at each sequence's last real token.
 
-    Sequences are right-padded and given explicit position_ids (cumsum of the mask - 1), and
-    the score is read from the per-position head output at the last attention-mask position,
-    so it does not depend on the batch's padding. We do not rely on HF's own pooling: it
-    finds "the last non-pad token" by comparing ids to pad_token_id, which is wrong whenever
-    pad == eos and the response ends with eos.
+    Sequences are right-padded and scored by models.reward_head.last_token_scores, the function
+    reward-model training reads its score with (explicit position ids, the last token found from
+    the attention mask, never from pad ids), so a score does not depend on the batch's padding.
     """
 
     def __init__(self, model_path: str, tokenizer=None, device: str | torch.device = "cpu", batch_size: int = 16,
@@ -37,22 +35,6 @@ class RewardModelScorer:
         if self.append_eos and self.tokenizer.eos_token_id is None:
             raise ValueError("reward model scores at EOS but its tokenizer has no eos token")
 
-    def _head_outputs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-        """Per-position scores (B, L): captured from the `score` head if the model has one."""
-        position_ids = position_ids_from_mask(attention_mask)
-        head = getattr(self.model, "score", None)
-        if not isinstance(head, torch.nn.Module):
-            # Other heads (e.g. BERT-style poolers) pool internally; right padding keeps index 0 valid.
-            out = self.model(input_ids=input_ids, attention_mask=attention_mask).logits  # (B, 1)
-            return out[:, :1].expand(-1, input_ids.shape[1])
-        captured = {}
-        hook = head.register_forward_hook(lambda mod, inp, out: captured.__setitem__("out", out))
-        try:
-            self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids)
-        finally:
-            hook.remove()
-        return captured["out"][..., 0]  # (B, L, 1) -> (B, L)
-
     @torch.no_grad()
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
         out: list[float] = []
@@ -63,7 +45,5 @@ class RewardModelScorer:
             if self.append_eos:
                 ids = [x + [self.tokenizer.eos_token_id] for x in ids]
             input_ids, attention_mask = (t.to(self.device) for t in pad(ids, self.pad_id))
-            per_pos = self._head_outputs(input_ids, attention_mask)  # (B, L)
-            last = attention_mask.sum(-1) - 1  # (B,) index of the last real token
-            out.extend(per_pos.gather(1, last.unsqueeze(1)).squeeze(1).float().cpu().tolist())
+            out.extend(last_token_scores(self.model, input_ids, attention_mask).cpu().tolist())  # (B,)
         return out

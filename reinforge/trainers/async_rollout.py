@@ -45,6 +45,7 @@ from dataclasses import dataclass
 import torch
 
 from reinforge.protocol import Batch
+from reinforge.rewards.result import RewardResult
 from reinforge.trainers.stages import keep_informative_groups
 from reinforge.trainers.validation import prompts_batch
 
@@ -208,13 +209,13 @@ def behaviour_rollout(rollout):
 
 
 def collect(producer: AsyncProducer, score, timer, *, want: int, n: int, dynamic: bool,
-            max_rounds: int) -> tuple[Batch, dict[str, float], dict[str, float]]:
+            max_rounds: int) -> tuple[Batch, dict[str, float], RewardResult]:
     """A step's batch from the producer's queue -> (scored batch, dynamic-sampling and timing
-    metrics, reward metrics). `score(batch)` -> (scored fields, reward metrics) (RewardWorker.score).
-    Without dynamic sampling: `want` groups, scored at once. With it: each round takes the groups
-    still missing and keeps the informative ones, until `want` are kept or max_rounds x want
-    groups were seen (the synchronous loop's budget of prompts)."""
-    parts, seen, kept, rounds, gen_s, reward_metrics = [], 0, 0, 0, 0.0, {}
+    metrics, the RewardResult of every row scored). `score(batch)` -> RewardResult
+    (RewardWorker.score). Without dynamic sampling: `want` groups, scored at once. With it: each
+    round takes the groups still missing and keeps the informative ones, until `want` are kept or
+    max_rounds x want groups were seen (the synchronous loop's budget of prompts)."""
+    parts, results, seen, kept, rounds, gen_s = [], [], 0, 0, 0, 0.0
     while kept < want and seen < max_rounds * want:
         with timer("gen"):  # the trainer's wait for generated groups
             rows, g = producer.take(min(want - kept, max_rounds * want - seen) if dynamic else want - kept)
@@ -225,8 +226,8 @@ def collect(producer: AsyncProducer, score, timer, *, want: int, n: int, dynamic
             kept += got
             continue
         with timer("reward"):
-            scored, reward_metrics = score(rows)
-        b, _, k = keep_informative_groups(rows | scored)
+            results.append(score(rows))
+        b, _, k = keep_informative_groups(rows | results[-1].batch())
         parts.append(b)
         kept += k
     batch = Batch.concat([b for b in parts if len(b)]) if kept else Batch()
@@ -234,10 +235,10 @@ def collect(producer: AsyncProducer, score, timer, *, want: int, n: int, dynamic
     if dynamic:
         metrics.update({"dynamic_sampling/gen_rounds": rounds, "dynamic_sampling/kept_ratio": kept / max(seen, 1),
                         "dynamic_sampling/batch_fill": min(kept, want) / want})
-        return batch, metrics, reward_metrics
+        return batch, metrics, RewardResult.concat(results)
     with timer("reward"):
-        scored, reward_metrics = score(batch)
-    return batch | scored, metrics, reward_metrics
+        reward = score(batch)
+    return batch | reward.batch(), metrics, reward
 
 
 def staleness_metrics(batch: Batch, version: int, actor_metrics: dict[str, float]) -> dict[str, float]:

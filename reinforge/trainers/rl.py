@@ -23,6 +23,7 @@ import torch
 from reinforge.algos.advantages import NEEDS_BASELINE, NEEDS_TOKEN_STATS
 from reinforge.config.load import ConfigError
 from reinforge.protocol import Batch
+from reinforge.rewards.result import RewardResult
 from reinforge.trainers import async_rollout, stages
 from reinforge.seeding import seed_everything
 from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
@@ -67,45 +68,48 @@ class RLTrainer(TrainingLoop):
             self.actor_model, cfg.actor.ppo_epochs, d["actor_mini_batch_size"], d["batch_size"])
 
     # ---- one step -------------------------------------------------------------------------
-    def _rollout_round(self) -> Batch:
+    def _rollout_round(self) -> tuple[Batch, RewardResult]:
         items = next(self.loader)
         prompts = prompts_batch(items, self.next_uid)
         self.next_uid += len(items)
         with self.timer("gen"):
             batch = self.rollout.generate(prompts, n=self.cfg.rollout.n, temperature=self.cfg.rollout.temperature)
         with self.timer("reward"):
-            scored, self._reward_metrics = self.reward.score(batch)
-        return batch | scored
+            reward = self.reward.score(batch)
+        return batch | reward.batch(), reward
 
     def collect_batch(self) -> tuple[Batch, dict[str, float]]:
-        """One rollout round, or (dynamic sampling) rounds until enough informative groups."""
+        """One rollout round, or (dynamic sampling) rounds until enough informative groups.
+        The metrics include the reward metrics of every row scored (RewardResult.concat)."""
         a, want = self.cfg.algorithm, self.cfg.data.train_batch_size
         if self.cfg.rollout.staleness > 0:
             if self.producer is None:
                 self.producer = async_rollout.start_producer(self)
-            batch, metrics, self._reward_metrics = async_rollout.collect(
+            batch, metrics, reward = async_rollout.collect(
                 self.producer, self.reward.score, self.timer, want=want, n=self.cfg.rollout.n,
                 dynamic=a.dynamic_sampling, max_rounds=a.max_gen_rounds if a.dynamic_sampling else 1)
-            return batch, metrics
+            return batch, {**metrics, **reward.metrics}
         if not a.dynamic_sampling:
-            return self._rollout_round(), {}
-        kept, seen, n_kept, rounds = [], 0, 0, 0
+            batch, reward = self._rollout_round()
+            return batch, dict(reward.metrics)
+        kept, results, seen, n_kept, rounds = [], [], 0, 0, 0
         while n_kept < want and rounds < a.max_gen_rounds:
-            b, s, k = stages.keep_informative_groups(self._rollout_round())
+            scored, reward = self._rollout_round()
+            b, s, k = stages.keep_informative_groups(scored)
             kept.append(b)
+            results.append(reward)
             seen, n_kept, rounds = seen + s, n_kept + k, rounds + 1
         batch = Batch.concat([b for b in kept if len(b)]) if n_kept else Batch()
         if n_kept > want:  # keep exactly `want` groups, in generation order
             keep_ids = torch.unique_consecutive(batch["group_ids"])[:want]
             batch = batch.index(torch.isin(batch["group_ids"], keep_ids).nonzero().flatten().tolist())
         return batch, {"dynamic_sampling/gen_rounds": rounds, "dynamic_sampling/kept_ratio": n_kept / max(seen, 1),
-                       "dynamic_sampling/batch_fill": min(n_kept, want) / want}
+                       "dynamic_sampling/batch_fill": min(n_kept, want) / want, **RewardResult.concat(results).metrics}
 
     def step(self) -> dict[str, float]:
         cfg = self.cfg
         t0 = time.perf_counter()
         batch, metrics = self.collect_batch()
-        metrics.update(self._reward_metrics)
         if len(batch) == 0:  # dynamic sampling found no informative group: nothing to learn from
             return {**metrics, **self.timer.pop(), "step/skipped": 1.0}
         if cfg.algorithm.adv_estimator in NEEDS_BASELINE:

@@ -17,8 +17,8 @@ import torch
 
 from reinforge.algos.preference import bradley_terry_loss
 from reinforge.config.preference import RMConfig
-from reinforge.models.forward import position_ids_from_mask
 from reinforge.models.loading import load_reward_model
+from reinforge.models.reward_head import last_token_scores
 from reinforge.seeding import seed_everything
 from reinforge.trainers.preference_common import PairTrainer, load_inputs, pair_tensors
 
@@ -35,17 +35,10 @@ def load_rm_for_training(path: str, tokenizer, model_cfg, device: str):
 
 
 def sequence_rewards(model, batch: dict, score_eos: bool) -> torch.Tensor:
-    """Scalar reward of each row: (2B, L) right-padded batch -> (2B,).
-
-    The head runs on one hidden state per row (the last scored token) rather than on all L.
-    """
-    ids, mask = batch["input_ids"], batch["attention_mask"]
-    hidden = model.base_model(input_ids=ids, attention_mask=mask, position_ids=position_ids_from_mask(mask),
-                              use_cache=False).last_hidden_state  # (2B, L, H)
-    # Rows end with EOS (the dataset appends it); the response's last token is the one before.
-    last = mask.long().sum(-1) - (1 if score_eos else 2)  # (2B,)
-    h = hidden[torch.arange(len(ids), device=ids.device), last]  # (2B, H)
-    return model.score(h).squeeze(-1).float()
+    """Scalar reward of each row: (2B, L) right-padded batch -> (2B,). Rows end with EOS (the
+    dataset appends it); the score is read at the response's last token, the one before it,
+    unless `score_eos` (models.reward_head.last_token_scores, which the RL scorer calls too)."""
+    return last_token_scores(model, batch["input_ids"], batch["attention_mask"], skip_last=0 if score_eos else 1)
 
 
 class RMTrainer(PairTrainer):

@@ -55,8 +55,7 @@ def greedy_baseline(batch: Batch, rollout, reward) -> tuple[Batch, dict[str, flo
     prompts = batch.index(first.tolist()).select(["prompt_ids", "prompt_text", "ground_truth", "data_source", "extra"])
     prompts["uid"] = uniq
     greedy = rollout.generate(prompts, n=1, greedy=True)
-    scored, _ = reward.score(greedy)
-    base = scored["seq_scores"]  # (G,) in the order of `uniq`
+    base = reward.score(greedy).scores  # (G,) in the order of `uniq`
     return Batch({"baseline_scores": base[inv]}), {"remax/baseline_score_mean": float(base.mean())}
 
 

@@ -37,8 +37,7 @@ def _generate_and_score(rollout, reward, prompts: Batch, n: int, temperature: fl
     outs = []
     for part in prompts.split(batch_size):
         b = rollout.generate(part, n=n, temperature=temperature, greedy=greedy)
-        scored, _ = reward.score(b)
-        outs.append(b | scored)
+        outs.append(b | reward.score(b).batch())
         progress(len(b))
     return Batch.concat(outs)
 

@@ -1,19 +1,22 @@
 """The reward worker: decode responses, score them, and place each score on the last valid token.
 
 Rule-based functions go through `reinforge.rewards.RewardManager` (worker pool, timeouts, error
-counting; the `judge` entry is reinforge.rewards.judge.JudgeScorer); a reward model adds its score;
-then the shaping terms (format, DAPO's soft overlong punishment, length penalty) and the clip of
-reinforge.rewards.shaping, in the order of its shape_scores.
+counting; the `judge` entry is reinforge.rewards.judge.JudgeScorer); correctness is decided by
+the worker's rule (reinforge.rewards.correctness) on that rule-based score; a reward model adds
+its score; then the shaping terms of reinforge.rewards.shaping (format, DAPO's soft overlong
+punishment, length penalty, then the clip) in their registry's order. Everything comes back in
+one RewardResult (reinforge.rewards.result).
 """
 from __future__ import annotations
-
-import math
 
 import torch
 
 from reinforge.config.schema import AlgorithmConfig, RewardConfig
 from reinforge.protocol import Batch
-from reinforge.rewards.shaping import apply_shaping
+from reinforge.rewards.correctness import CorrectnessRule, correctness_rule
+from reinforge.rewards.episodes import env_scores, text_mask, turn_level_scores, turn_rewards
+from reinforge.rewards.result import RewardResult
+from reinforge.rewards.shaping import Shaping, ShapingInput
 
 
 def decode_responses(tokenizer, responses: torch.Tensor, response_mask: torch.Tensor) -> list[str]:
@@ -37,8 +40,10 @@ class RewardWorker:
         self.tok, self.cfg, self.algo, self.T = tokenizer, cfg, algo, max_response_length
         specs = [(self._judge(cfg, device) if f["name"] == "judge" else f["name"], float(f.get("weight", 1.0)),
                   f.get("style")) for f in cfg.functions]
-        self.manager = RewardManager(specs, num_workers=cfg.num_workers, timeout_s=cfg.timeout_s,
-                                     default_score=cfg.default_score, max_error_rate=cfg.max_error_rate) if specs else None
+        self.manager = RewardManager.from_config(specs, cfg) if specs else None
+        # Chosen once: the threshold a function declares, else the default (rewards/correctness.py).
+        self.correctness: CorrectnessRule = correctness_rule(self.manager.functions if self.manager else ())
+        self.shaping = Shaping(cfg, algo, max_response_length)
         self.rm = None
         if cfg.reward_model_path:
             from reinforge.rewards import RewardModelScorer
@@ -53,41 +58,37 @@ class RewardWorker:
 
         return JudgeScorer(cfg.judge, device=device)
 
-    def score(self, batch: Batch) -> tuple[Batch, dict[str, float]]:
-        """-> token_level_scores (B, T), acc (B,) in {0, 1}, response_text and reward_fn_scores
-        (one {function name: score, None where a TRL-style function returned None} a sample);
-        plus reward metrics."""
-        from reinforge.rewards.episodes import env_scores, text_mask, turn_level_scores
-
+    def score(self, batch: Batch) -> RewardResult:
+        """Score B rollouts (responses (B, T), response_mask, prompt_text, ground_truth, extra;
+        a multi-turn batch's trajectory) -> RewardResult; `.batch()` is what the step merges."""
         # A multi-turn episode (reinforge.agents.loop) is read whole, observations included.
         traj = batch["trajectory"] if "trajectory" in batch else None
         texts = decode_responses(self.tok, batch["responses"], text_mask(batch))
         prompts = batch["prompt_text"]
         scores = torch.zeros(len(batch)) if traj is None else env_scores(traj)
-        metrics: dict[str, float] = {}
+        fs = None
         if self.manager is not None:
             ids = [r[m.bool()].tolist() for r, m in zip(batch["responses"], text_mask(batch))]
-            s, metrics = self.manager.score(prompts, texts, batch["ground_truth"], batch["extra"], completion_ids=ids,
-                                            trajectories=traj)
-            scores += torch.as_tensor(s, dtype=torch.float32)
-        # Correctness is the rule-based score before shaping terms, so length-vs-correctness
-        # diagnostics are not confused by penalties.
-        acc = (scores > 0.5).float()
+            fs = self.manager.score(prompts, texts, batch["ground_truth"], batch["extra"], completion_ids=ids,
+                                    trajectories=traj)
+            scores += torch.as_tensor(fs.scores, dtype=torch.float32)
+        # Correctness reads the rule-based score before the reward model and shaping terms, so
+        # length-vs-correctness diagnostics are not confused by penalties.
+        correct = self.correctness(scores, fs.reported_correct if fs else None)
+        metrics = dict(fs.metrics) if fs else {}
         if self.rm is not None:
             rm_scores = torch.as_tensor(self.rm.score(prompts, texts), dtype=torch.float32)
             scores += rm_scores
             metrics["reward/rm_score_mean"] = float(rm_scores.mean())
         group_ids = batch["group_ids"] if "group_ids" in batch else None
-        scores, shaping = apply_shaping(scores, texts, batch["response_mask"].sum(-1), acc.bool(), group_ids,
-                                        self.cfg, self.algo, self.T)
+        scores, shaping = self.shaping(scores, ShapingInput(texts, batch["response_mask"].sum(-1), correct, group_ids))
         metrics.update(shaping)
-        per_fn = self.manager.last_scores if self.manager is not None else {}
-        fn_scores = [{k: None if math.isnan(v[i]) else v[i] for k, v in per_fn.items()} for i in range(len(texts))]
+        fn_turns = fs.turn_scores if fs else None
         tls = scores_to_tokens(scores, batch["response_mask"]) if traj is None else turn_level_scores(
-            scores, batch["response_mask"], traj, self.manager.last_turn_scores if self.manager else None)
-        out = Batch({"token_level_scores": tls, "acc": acc,
-                     "seq_scores": scores}, {"response_text": texts, "reward_fn_scores": fn_scores})
-        return out, metrics
+            scores, batch["response_mask"], traj, fn_turns)
+        per_fn = {k: torch.tensor(v, dtype=torch.float64) for k, v in (fs.per_function if fs else {}).items()}
+        return RewardResult(scores, tls, correct, texts, per_fn, None if traj is None else turn_rewards(traj, fn_turns),
+                            metrics, dict(fs.weights) if fs else {})
 
     def close(self) -> None:
         if self.manager is not None:

@@ -50,9 +50,9 @@ def test_turn_level_scores_by_hand():
 
 def test_manager_passes_trajectories_and_keeps_per_turn_lists():
     with RewardManager([(per_turn, 0.5), scalar, batched_traj], num_workers=0) as m:
-        scores, _ = m.score(["p", "q"], ["a", "b"], ["1", "2"], trajectories=TRAJ)
-        assert scores == [0.5 * 2 + 2 + 2, 0.5 * 1 + 2 + 1]
-        assert m.last_turn_scores == [[0.5, 0.5], [0.5]]
+        result = m.score(["p", "q"], ["a", "b"], ["1", "2"], trajectories=TRAJ)
+        assert result.scores == [0.5 * 2 + 2 + 2, 0.5 * 1 + 2 + 1]
+        assert result.turn_scores == [[0.5, 0.5], [0.5]]
     with RewardManager([two_turns], num_workers=0, max_error_rate=0.0) as m:  # a list that misses a turn: an error
         with pytest.raises(RewardError, match="per-turn reward has 2 values for an episode of 3 turns"):
             m.score(["p"], ["a"], ["1"], trajectories=[{**TRAJ[0], "turns": 3}])
@@ -79,7 +79,7 @@ def test_reward_worker_reads_whole_episodes_and_adds_environment_rewards():
 
     w = RewardWorker(tok, RewardConfig(functions=[{"name": fn}], num_workers=0), AlgorithmConfig(),
                      max_response_length=T)
-    out, _ = w.score(batch)
+    out = w.score(batch).batch()
     w.close()
     assert seen == ["ab<r>c</r>d"]  # observations included, EOS dropped
     assert out["seq_scores"].tolist() == [1.5] and out["acc"].tolist() == [1.0]

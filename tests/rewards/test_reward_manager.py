@@ -51,8 +51,9 @@ def fns(tmp_path):
 
 def test_weighted_sum_and_metrics_in_process(fns):
     with RewardManager([("exact_match", 2.0), (f"{fns}:flaky", 1.0), ("format", 0.5)], num_workers=0) as m:
-        scores, metrics = m.score(["1+1="] * 3, ["2", "3", "<think>a</think>2"], ["2", "2", "2"],
-                                  [{"data_source": "x"}] * 3)
+        result = m.score(["1+1="] * 3, ["2", "3", "<think>a</think>2"], ["2", "2", "2"],
+                         [{"data_source": "x"}] * 3)
+        scores, metrics = result.scores, result.metrics
     assert scores == pytest.approx([2.5, 0.5, 1.0])  # 2*exact + 0.5 (flaky) + 0.5*format
     assert metrics["reward/exact_match/mean"] == pytest.approx(1 / 3)
     assert metrics["reward/flaky/mean"] == 0.5 and metrics["reward/format/mean"] == pytest.approx(1 / 3)
@@ -62,7 +63,8 @@ def test_weighted_sum_and_metrics_in_process(fns):
 
 def test_errors_contained_and_error_rate_in_process(fns):
     m = RewardManager([(f"{fns}:flaky", 1.0)], num_workers=0, default_score=-1.0, max_error_rate=0.5)
-    scores, metrics = m.score(["p"] * 4, ["ok", "boom", "bad", "ok"], [None] * 4)
+    result = m.score(["p"] * 4, ["ok", "boom", "bad", "ok"], [None] * 4)
+    scores, metrics = result.scores, result.metrics
     assert scores == [0.5, -1.0, -1.0, 0.5] and metrics["reward/errors"] == 2
     with pytest.raises(RewardError, match=r"'flaky' failed on 3/4 .*kaboom"):
         m.score(["p"] * 4, ["boom", "boom", "bad", "ok"], [None] * 4)
@@ -74,13 +76,15 @@ def test_worker_pool_timeout_error_death_and_recovery(fns):
     try:
         start = time.monotonic()
         responses = ["slow", "boom", "die", "\\boxed{3}"]
-        scores, metrics = m.score(["p"] * 4, responses, ["3"] * 4)
+        result = m.score(["p"] * 4, responses, ["3"] * 4)
+        scores, metrics = result.scores, result.metrics
         assert time.monotonic() - start < 10  # the 60 s sleeper was killed, not waited for
         assert metrics["reward/timeouts"] == 1 and metrics["reward/errors"] == 2
         assert scores == pytest.approx([0.0 + 0.5 + 0, 1.0 + 0 + 0, 1.0 + 0 + 0, 1.0 + 0.5 + 1.0])
         assert m._pool.restarts == 2  # the sleeper killed, the os._exit worker replaced
         # The pool recovered: a normal batch afterwards is fully scored.
-        scores, metrics = m.score(["p"] * 3, ["a", "\\boxed{3}", "b"], ["3"] * 3)
+        result = m.score(["p"] * 3, ["a", "\\boxed{3}", "b"], ["3"] * 3)
+        scores, metrics = result.scores, result.metrics
         assert scores == pytest.approx([1.5, 2.5, 1.5]) and metrics["reward/errors"] == 0
     finally:
         m.close()
@@ -92,7 +96,8 @@ def test_hung_user_function_times_out_with_default_workers(fns, capsys):
     with RewardManager([(f"{fns}:hang", 1.0), ("exact_match", 1.0)], timeout_s=1.0) as m:
         assert m.num_workers == 0 and m.max_error_rate == RewardConfig().max_error_rate
         start = time.monotonic()
-        scores, metrics = m.score(["p"] * 5, ["sleep", "loop", "1", "1", "1"], ["1"] * 5)
+        result = m.score(["p"] * 5, ["sleep", "loop", "1", "1", "1"], ["1"] * 5)
+        scores, metrics = result.scores, result.metrics
         # Two 1 s time-outs plus worker start-ups (~0.4 s each here), far from the 10^9 s sleep.
         assert time.monotonic() - start < 15
     assert scores == [0.0, 0.0, 2.0, 2.0, 2.0]  # exact_match scored in-process; hang 0 on both
@@ -103,10 +108,10 @@ def test_hung_user_function_times_out_with_default_workers(fns, capsys):
 def test_builtins_score_in_process_without_a_pool():
     with RewardManager(["exact_match", "format", "arithmetic"]) as m:
         assert m._pool is None
-        assert m.score(["p"] * 2, ["7", "<think>a</think>7"], ["7", "7"])[0] == [2.0, 1.0]
+        assert m.score(["p"] * 2, ["7", "<think>a</think>7"], ["7", "7"]).scores == [2.0, 1.0]
     with RewardManager(["countdown"]) as m:
         assert m._pool is None
-        assert m.score(["p"], ["(3+4)*2"], [{"numbers": [2, 3, 4], "target": 14}])[0] == [1.0]
+        assert m.score(["p"], ["(3+4)*2"], [{"numbers": [2, 3, 4], "target": 14}]).scores == [1.0]
 
 
 def test_bounded_function_that_overruns_in_process_scores_as_timeout():
@@ -116,16 +121,18 @@ def test_bounded_function_that_overruns_in_process_scores_as_timeout():
 
     sluggish.bounded = True  # a lambda or closure runs in-process only when it says it is bounded
     with RewardManager([(sluggish, 1.0)], timeout_s=0.1, max_error_rate=1.0) as m:
-        scores, metrics = m.score(["p"] * 2, ["a", "b"], [None] * 2)
+        result = m.score(["p"] * 2, ["a", "b"], [None] * 2)
+        scores, metrics = result.scores, result.metrics
     assert scores == [0.0, 0.0] and metrics["reward/timeouts"] == 2
 
 
 def test_batched_function_and_timeout(fns):
     with RewardManager([(f"{fns}:batched", 1.0)], num_workers=1) as m:
-        assert m.score(["p"] * 2, ["ab", "abcd"], [None] * 2)[0] == [2.0, 4.0]
+        assert m.score(["p"] * 2, ["ab", "abcd"], [None] * 2).scores == [2.0, 4.0]
     # The batched timeout applies with the default num_workers=0 too.
     with RewardManager([(f"{fns}:batched_slow", 1.0)], batched_timeout_s=0.2, max_error_rate=1.0) as m:
-        scores, metrics = m.score(["p"] * 2, ["a", "b"], [None] * 2)
+        result = m.score(["p"] * 2, ["a", "b"], [None] * 2)
+        scores, metrics = result.scores, result.metrics
     assert scores == [0.0, 0.0] and metrics["reward/timeouts"] == 2
 
 
@@ -142,11 +149,12 @@ def test_unpicklable_callable_runs_in_threads_with_its_timeout(capsys):
                            max_error_rate=1.0) as m:
             assert m._pool is None and m.fns[0].mode == "thread"
             start = time.monotonic()
-            scores, metrics = m.score(["p"] * 3, ["a", "hang", "b"], [None] * 3)
+            result = m.score(["p"] * 3, ["a", "hang", "b"], [None] * 3)
+            scores, metrics = result.scores, result.metrics
             assert time.monotonic() - start < 3
         assert scores == [1.0, 0.0, 1.0] and metrics["reward/timeouts"] == 1
         assert "cannot be pickled" in capsys.readouterr().err
     bounded = lambda p, r, g, **k: 1.0  # noqa: E731
     bounded.bounded = True
     with RewardManager([(bounded, 1.0)], num_workers=0) as m:
-        assert m.fns[0].mode == "inline" and m.score(["p"], ["r"], [None])[0] == [1.0]
+        assert m.fns[0].mode == "inline" and m.score(["p"], ["r"], [None]).scores == [1.0]

@@ -106,7 +106,8 @@ def test_combination_table_through_the_reward_worker():
     cfg = RewardConfig(functions=[{"name": "exact_match", "weight": 1.0}],
                        format=FormatConfig(check=r"re:\d+\.", score=0.2, penalty=0.5), clip_min=-1.0, clip_max=1.0)
     worker = RewardWorker(tok, cfg, AlgorithmConfig(overlong_buffer_len=4), max_response_length=10)
-    out, metrics = worker.score(_worker_batch(tok, responses, truths, list(range(8)), 10))
+    result = worker.score(_worker_batch(tok, responses, truths, list(range(8)), 10))
+    out, metrics = result.batch(), result.metrics
     assert out["seq_scores"].tolist() == pytest.approx([s for *_, s in TABLE])
     assert out["acc"].tolist() == [1.0] * 4 + [0.0] * 4  # correctness is read before shaping
     assert metrics["reward/format_ok_frac"] == 0.5 and metrics["reward/overlong_penalty_mean"] == -0.5
@@ -121,7 +122,8 @@ def test_kimi_through_the_reward_worker():
     cfg = RewardConfig(functions=[{"name": "exact_match", "weight": 1.0}],
                        length_penalty=LengthPenaltyConfig(kind="kimi", coef=0.4))
     worker = RewardWorker(tok, cfg, AlgorithmConfig(), max_response_length=4)
-    out, metrics = worker.score(_worker_batch(tok, ["7", "77", "777"], ["7"] * 3, [5, 5, 5], 4))
+    result = worker.score(_worker_batch(tok, ["7", "77", "777"], ["7"] * 3, [5, 5, 5], 4))
+    out, metrics = result.batch(), result.metrics
     assert out["seq_scores"].tolist() == pytest.approx([1.0 + 0.4 * 0.5, 0.0, 0.4 * -0.5])
     assert metrics["reward/length_penalty_mean"] == pytest.approx((0.2 + 0.0 - 0.2) / 3)
 

@@ -80,7 +80,8 @@ def test_verl_compute_score_unchanged_with_extra_info_and_dict_metrics(fns):
     """The call that failed with "got multiple values for argument 'data_source'"."""
     extras = [{"data_source": "gsm8k", "extra_info": {"index": i}} for i in range(3)]
     with RewardManager([f"{fns}:compute_score", (f"{fns}:compute_score_no_extra", 2.0)], timeout_s=30) as m:
-        scores, metrics = m.score(["q"] * 3, ["4", " 4 ", "5"], ["4", "4", "4"], extras)
+        result = m.score(["q"] * 3, ["4", " 4 ", "5"], ["4", "4", "4"], extras)
+        scores, metrics = result.scores, result.metrics
     # compute_score: 1, 1, 0; compute_score_no_extra (weight 2): data_source is gsm8k -> 2 each.
     assert scores == [3.0, 3.0, 2.0]
     assert metrics["reward/compute_score/mean"] == pytest.approx(2 / 3)
@@ -91,7 +92,7 @@ def test_verl_compute_score_unchanged_with_extra_info_and_dict_metrics(fns):
 def test_verl_batch_form_one_call(fns):
     with RewardManager([f"{fns}:compute_score_batch"]) as m:
         assert m.fns[0].mode == "batched"
-        assert m.score(["q"] * 2, ["ab", "abc"], ["x", "y"])[0] == [2.0, 3.0]
+        assert m.score(["q"] * 2, ["ab", "abc"], ["x", "y"]).scores == [2.0, 3.0]
 
 
 def test_trl_conversational_columns_and_none_nan_sum(fns):
@@ -103,8 +104,9 @@ def test_trl_conversational_columns_and_none_nan_sum(fns):
     extras = [{"data_source": "s", "solution": r["solution"], ROW_KEY: ("prompt", r)} for r in rows]
     with RewardManager([(f"{fns}:accuracy_reward", 2.0), (f"{fns}:len_reward", 0.5),
                         (f"{fns}:always_none", 1.0)]) as m:
-        scores, metrics = m.score(["<rendered>"] * 3, ["2", "4", "7"], ["2", None, "6"], extras)
-        assert m.last_scores["accuracy_reward"][1] != m.last_scores["accuracy_reward"][1]  # nan marks None
+        result = m.score(["<rendered>"] * 3, ["2", "4", "7"], ["2", None, "6"], extras)
+        scores, metrics = result.scores, result.metrics
+        assert result.per_function["accuracy_reward"][1] != result.per_function["accuracy_reward"][1]  # nan marks None
     # accuracy 2*[1, None, 0] + len 0.5*[1, 1, 1] (completions are message lists of length 1) + nothing.
     assert scores == [2.5, 0.5, 0.5]
     assert metrics["reward/accuracy_reward/mean"] == 0.5  # over the two samples it scored
@@ -116,7 +118,8 @@ def test_trl_plain_prompts_every_column_and_completion_ids(fns):
     rows = [{"prompt": "1+1=", "answer": "2", "level": 3}, {"prompt": "2+2=", "answer": "4", "level": 5}]
     extras = [{"data_source": "arith", "level": r["level"], ROW_KEY: ("prompt", r)} for r in rows]
     with RewardManager([f"{fns}:echo_columns"]) as m:
-        scores, _ = m.score(["1+1=", "2+2="], ["2", "five"], ["2", "4"], extras, completion_ids=[[5], [6, 7, 8]])
+        result = m.score(["1+1=", "2+2="], ["2", "five"], ["2", "4"], extras, completion_ids=[[5], [6, 7, 8]])
+        scores = result.scores
         seen = m.fns[0].fn.seen
     assert scores == [1.0, 3.0]
     assert seen["prompts"] == ["1+1=", "2+2="] and seen["completions"] == ["2", "five"]
@@ -129,7 +132,8 @@ def test_trl_function_without_a_row_gets_prompt_text_and_extras():
         return [float(c == g) for c, g in zip(completions, ground_truth)]
 
     with RewardManager([only_named]) as m:
-        scores, metrics = m.score(["p", "q"], ["a", "b"], ["a", "c"], [{"data_source": "x", "other": 1}] * 2)
+        result = m.score(["p", "q"], ["a", "b"], ["a", "c"], [{"data_source": "x", "other": 1}] * 2)
+        scores, metrics = result.scores, result.metrics
     assert scores == [1.0, 0.0] and metrics["reward/unscored"] == 0.0
 
 
@@ -138,7 +142,8 @@ def test_all_none_sample_is_unscored():
         return [np.float32(1.0) if c == "yes" else (None if c == "no" else math.nan) for c in completions]
 
     with RewardManager([sometimes]) as m:
-        scores, metrics = m.score(["p"] * 4, ["yes", "no", "nan", "yes"], [None] * 4)
+        result = m.score(["p"] * 4, ["yes", "no", "nan", "yes"], [None] * 4)
+        scores, metrics = result.scores, result.metrics
     assert scores == [1.0, 0.0, 0.0, 1.0] and metrics["reward/unscored"] == 0.5
     assert metrics["reward/sometimes/mean"] == 1.0
 
@@ -148,7 +153,8 @@ def test_none_from_a_per_sample_function_is_an_error():
         return None
 
     with RewardManager([returns_none], max_error_rate=1.0) as m:
-        scores, metrics = m.score(["p"], ["r"], [None])
+        result = m.score(["p"], ["r"], [None])
+        scores, metrics = result.scores, result.metrics
     assert scores == [0.0] and metrics["reward/errors"] == 1
 
 
@@ -161,11 +167,13 @@ def test_async_per_sample_calls_run_concurrently_with_timeouts():
     with RewardManager([slow_judge], timeout_s=1.0, max_error_rate=1.0) as m:
         assert m.fns[0].mode == "async" and m._pool is None
         start = time.monotonic()
-        scores, metrics = m.score(["p"] * 10, ["a"] * 5 + ["b"] * 5, ["a"] * 10)
+        result = m.score(["p"] * 10, ["a"] * 5 + ["b"] * 5, ["a"] * 10)
+        scores, metrics = result.scores, result.metrics
         assert time.monotonic() - start < 2.0
         assert scores == [1.0] * 5 + [0.0] * 5 and metrics["reward/timeouts"] == 0
         start = time.monotonic()
-        scores, metrics = m.score(["p"] * 3, ["a", "stall", "a"], ["a"] * 3)
+        result = m.score(["p"] * 3, ["a", "stall", "a"], ["a"] * 3)
+        scores, metrics = result.scores, result.metrics
         assert time.monotonic() - start < 3.0
     assert scores == [1.0, 0.0, 1.0] and metrics["reward/timeouts"] == 1
 
@@ -179,7 +187,7 @@ def test_async_trl_function_one_call_per_batch():
         return [float(len(c)) for c in completions]
 
     with RewardManager([judge]) as m:
-        assert m.score(["p"] * 3, ["a", "bb", "ccc"], [None] * 3)[0] == [1.0, 2.0, 3.0]
+        assert m.score(["p"] * 3, ["a", "bb", "ccc"], [None] * 3).scores == [1.0, 2.0, 3.0]
     assert calls == [3]
 
 
@@ -205,4 +213,4 @@ def test_forced_style_and_signature_errors(fns):
 
     with RewardManager([(generic, 1.0, "trl"), (generic, 1.0, "reinforge")], num_workers=0) as mgr:
         assert [f.call.style for f in mgr.fns] == ["trl", "reinforge"]
-        assert mgr.score(["p"], ["r"], [None])[0] == [3.0]
+        assert mgr.score(["p"], ["r"], [None]).scores == [3.0]

@@ -26,7 +26,8 @@ def score(spec, batch, **kwargs):
     prompts, responses, gts, extras = batch
     with RewardManager([spec], **kwargs) as m:
         ids = [list(range(len(r))) for r in responses]  # one token a character, as the char tokenizer
-        return m.score(prompts, responses, gts, extras, completion_ids=ids), m.fns[0].call
+        result = m.score(prompts, responses, gts, extras, completion_ids=ids)
+        return (result.scores, result.metrics), m.fns[0].call
 
 
 def test_verl_example(batch):
