@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from reinforge.config.sft import SFTConfig, validate_sft
-from reinforge.models.forward import position_ids_from_mask
-from reinforge.models.forward import token_logprobs as response_token_logprobs
+from reinforge.models.forward import position_ids_from_mask, target_logprobs
 from reinforge.seeding import seed_everything
 from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
 from reinforge.trainers.logging import Timer, note_skipped
@@ -77,16 +76,6 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
             "loss_mask": pad_right([r["loss_mask"] for r in rows], 0),
             "position_ids": pad_right([r["position_ids"] for r in rows], 0),
             "attention_mask": mask4d[:, None]}
-
-
-def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None = None,
-                   fused: bool = True) -> torch.Tensor:
-    """Log-probs (N,) of the target tokens, N = loss_mask[:, 1:].sum(): only the response tokens
-    go through the LM head (the fused path never builds their (N, V) logits either)."""
-    target = batch["loss_mask"][:, 1:].bool()  # token t+1 is predicted from position t
-    fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
-    return response_token_logprobs(model, fwd, lambda x: x[:, :-1][target], batch["input_ids"][:, 1:][target],
-                                   fused=fused, chunk_size=chunk_size)[0]
 
 
 def load_sft_data(cfg: SFTConfig, tok, rows: dict | None = None) -> tuple[list[dict], list[dict]]:
@@ -162,7 +151,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         mbs = self.cfg.derived["micro_batch_size"]
         for i in range(0, len(rows), mbs):
             batch = self._to_device(collate_rows(rows[i:i + mbs], self.tok.pad_token_id))
-            logp = token_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
+            logp = target_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
             loss = -logp.sum() / max(n_tokens, 1)
             loss.backward()
             loss_sum += loss.detach().float().cpu()
@@ -184,7 +173,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         total, count = 0.0, 0
         for i in range(0, len(self.val_rows), self.cfg.derived["micro_batch_size"]):
             part = self.val_rows[i:i + self.cfg.derived["micro_batch_size"]]
-            logp = token_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)),
+            logp = target_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)),
                                   self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
             total, count = total - float(logp.sum()), count + logp.numel()
         self.model.train(was)
