@@ -8,7 +8,8 @@ from __future__ import annotations
 import re
 from typing import Callable
 
-from reinforge.agents.base import Environment, EnvStep, format_tag_result
+from reinforge.agents.base import Environment, EnvStep
+from reinforge.tasks.tags import format_tag_result
 from reinforge.config.hints import did_you_mean
 from reinforge.config.load import ConfigError
 from reinforge.usercode import load_user_object

@@ -1,7 +1,7 @@
 """The tool registry and user tools (reinforge.agents.executor calls them, never crashing the run).
 
     TOOLS["calculator"]              # safe arithmetic (reinforge.agents.calculator)
-    TOOLS["python"]                  # a script in the sandbox (reinforge.agents.sandbox)
+    TOOLS["python"]                  # a script in the sandbox (reinforge.sandbox)
     load_tool("my_tools.py:weather")   # a Tool, or a function with a docstring
 
 A user tool is named `path/to/file.py:attr` or `package.module:attr` (reinforge.usercode, the
@@ -17,7 +17,7 @@ from typing import Any, Callable, get_type_hints
 
 from reinforge.agents.base import Tool
 from reinforge.agents.calculator import calculate
-from reinforge.agents.sandbox import run_python
+from reinforge.sandbox import run_python
 from reinforge.config.hints import did_you_mean
 from reinforge.config.load import ConfigError
 from reinforge.usercode import load_user_object

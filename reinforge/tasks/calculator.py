@@ -16,7 +16,7 @@ from __future__ import annotations
 import random
 import re
 
-from reinforge.agents.base import format_tag_call, format_tag_result
+from reinforge.tasks.tags import format_tag_call, format_tag_result
 from reinforge.tasks.base import Example, Task
 
 TOOL = "calculator"

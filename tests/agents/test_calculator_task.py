@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import random
 
-from reinforge.agents.base import format_tag_call, format_tag_result
+from reinforge.tasks.tags import format_tag_call, format_tag_result
 from reinforge.agents.tools import TOOLS
 from reinforge.data.io import load_rows
 from reinforge.data.sft import SFTDataset

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from reinforge.agents.base import Tool, format_tag_result
+from reinforge.agents.base import Tool
+from reinforge.tasks.tags import format_tag_result
 from reinforge.agents.parsers import HermesParser, TagParser, get_parser
 from reinforge.tasks import build_char_tokenizer
 
