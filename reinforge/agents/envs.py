@@ -9,9 +9,9 @@ import re
 from typing import Callable
 
 from reinforge.agents.base import Environment, EnvStep
-from reinforge.tasks.tags import format_tag_result
 from reinforge.config.hints import did_you_mean
 from reinforge.config.load import ConfigError
+from reinforge.tasks.tags import format_tag_result
 from reinforge.usercode import load_user_object
 
 _INT = re.compile(r"-?\d+")
