@@ -9,7 +9,8 @@ import torch
 
 from reinforge.config.load import load_config
 from reinforge.config.sft import SFTConfig
-from reinforge.trainers.sft import SFTTrainer, collate_rows, pack_examples, token_logprobs
+from reinforge.models.forward import target_logprobs
+from reinforge.trainers.sft import SFTTrainer, collate_rows, pack_examples
 from tests.grad_check import assert_same_steps, record_steps
 
 
@@ -52,7 +53,7 @@ def test_loss_covers_response_tokens_only(tiny_model_dir, arith_data, tmp_path):
         assert trainer.tok.decode(it["input_ids"][:n_prompt]).endswith("=")
         assert it["input_ids"][-1] == trainer.tok.eos_token_id and it["loss_mask"][-1] == 1
     batch = collate_rows(items, trainer.tok.pad_token_id)
-    logp = token_logprobs(trainer.model, batch)
+    logp = target_logprobs(trainer.model, batch)
     # Reference: full logits, every next-token log-prob, masked by loss_mask[:, 1:] by hand.
     logits = trainer.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
     full = torch.log_softmax(logits[:, :-1].float(), -1).gather(-1, batch["input_ids"][:, 1:, None])[..., 0]
@@ -61,7 +62,7 @@ def test_loss_covers_response_tokens_only(tiny_model_dir, arith_data, tmp_path):
     torch.testing.assert_close(logp, torch.stack(want), rtol=1e-4, atol=1e-5)
     # A different answer gives different log-probs: the targets are the response tokens.
     other = [dict(it, input_ids=it["input_ids"][:-2] + [it["input_ids"][-2] ^ 1, it["input_ids"][-1]]) for it in items]
-    assert not torch.allclose(token_logprobs(trainer.model, collate_rows(other, 0)), logp)
+    assert not torch.allclose(target_logprobs(trainer.model, collate_rows(other, 0)), logp)
 
 
 def test_packing_matches_unpacked(tiny_model_dir, arith_data, tmp_path):
@@ -70,8 +71,8 @@ def test_packing_matches_unpacked(tiny_model_dir, arith_data, tmp_path):
     packed = pack_examples(items, 32)
     assert len(packed) < len(items) and max(len(r["input_ids"]) for r in packed) <= 32
     assert all(r["position_ids"][0] == 0 for r in packed)
-    a = token_logprobs(trainer.model, collate_rows(items, 0))
-    b = token_logprobs(trainer.model, collate_rows(packed, 0))
+    a = target_logprobs(trainer.model, collate_rows(items, 0))
+    b = target_logprobs(trainer.model, collate_rows(packed, 0))
     torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)  # attention never crosses examples
 
 

@@ -7,11 +7,8 @@ tokens; an environment's step(action) returns the next observation the same way.
 sequence is the prompt, then the generated token ids exactly as sampled, then the observation
 ids, and so on: `response_mask` is 1 on generated tokens and 0 on observations.
 
-Tag format for the built-in character tokenizer (parser name `tag`): a call is
-`<NAME>ARG</NAME>` where NAME is a registered tool and ARG is the string value of the tool's
-first parameter; the turn stops right after `</NAME>`, and the observation appended is
-`format_tag_result(text)`. SFT demonstrations use the same two functions so that what SFT
-teaches is exactly what the loop produces.
+The tag format for the built-in character tokenizer (parser name `tag`) is in
+reinforge/tasks/tags.py, which the agent tasks' SFT demonstrations use too.
 """
 from __future__ import annotations
 
@@ -92,16 +89,3 @@ class Environment(ABC):
     @abstractmethod
     def step(self, action: str) -> EnvStep:
         """The policy's turn `action` (decoded text of that turn) -> the environment's answer."""
-
-
-TAG_RESULT_OPEN, TAG_RESULT_CLOSE = "<r>", "</r>"
-
-
-def format_tag_call(name: str, arg: str) -> str:
-    """The tag-format text of a call, e.g. `<calculator>123*45</calculator>`."""
-    return f"<{name}>{arg}</{name}>"
-
-
-def format_tag_result(text: str) -> str:
-    """The observation appended after a tag-format call, e.g. `<r>5535</r>`."""
-    return f"{TAG_RESULT_OPEN}{text}{TAG_RESULT_CLOSE}"

@@ -1,16 +1,18 @@
 """Built-in environments (reinforge.agents.base.Environment) and the registry the loop reads.
 
     ENVS["guess_number"]     # higher/lower number guessing, the `guess_number` task's game
-    load_env("python:my_envs.py:Maze")   # a user Environment subclass (or a no-argument factory)
+    load_env("my_envs.py:Maze")   # a user Environment subclass (or a no-argument factory)
 """
 from __future__ import annotations
 
 import re
 from typing import Callable
 
-from reinforge.agents.base import Environment, EnvStep, format_tag_result
+from reinforge.agents.base import Environment, EnvStep
 from reinforge.config.hints import did_you_mean
 from reinforge.config.load import ConfigError
+from reinforge.tasks.tags import format_tag_result
+from reinforge.usercode import load_user_object
 
 _INT = re.compile(r"-?\d+")
 
@@ -55,20 +57,17 @@ ENVS: dict[str, Callable[[], Environment]] = {"guess_number": GuessNumber}
 
 
 def load_env(spec: str) -> Callable[[], Environment]:
-    """A no-argument factory of Environments from a built-in name or a `python:` spec naming an
-    Environment subclass or a factory function. ConfigError names the spec and what is valid."""
+    """A no-argument factory of Environments from a built-in name or a user-code spec
+    (`file.py:attr`, `module:attr`) naming an Environment subclass or a factory function.
+    ConfigError names the spec and what is valid."""
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"environment spec must be a name or 'python:module:attr', got {spec!r}")
+        raise ConfigError(f"environment spec must be a name or 'module:attr', got {spec!r}")
     if spec in ENVS:
         return ENVS[spec]
-    if not spec.startswith("python:"):
+    if ":" not in spec:
         raise ConfigError(f"unknown environment '{spec}'; {did_you_mean(spec, ENVS)}built-ins: "
-                          f"{', '.join(sorted(ENVS))}; or 'python:module:attr' / 'python:path/file.py:attr'")
-    from reinforge.agents.tools import import_user_object
-
-    obj = import_user_object(spec, "environment")
+                          f"{', '.join(sorted(ENVS))}; or 'package.module:attr' / 'path/to/file.py:attr'")
+    obj = load_user_object(spec, "environment", expect="an Environment class or factory", accept=callable)
     if isinstance(obj, type) and not issubclass(obj, Environment):
         raise ConfigError(f"environment '{spec}': {obj.__name__} is not a reinforge.agents.base.Environment subclass")
-    if not callable(obj):
-        raise ConfigError(f"environment '{spec}' is a {type(obj).__name__}; it must be an Environment class or factory")
     return obj

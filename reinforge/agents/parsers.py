@@ -20,7 +20,8 @@ from __future__ import annotations
 import json
 import re
 
-from reinforge.agents.base import Tool, ToolCall, format_tag_result
+from reinforge.agents.base import Tool, ToolCall
+from reinforge.tasks.tags import format_tag_result
 
 
 def _encode(tokenizer, text: str) -> list[int]:

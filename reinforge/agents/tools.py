@@ -1,30 +1,26 @@
 """The tool registry and user tools (reinforge.agents.executor calls them, never crashing the run).
 
     TOOLS["calculator"]              # safe arithmetic (reinforge.agents.calculator)
-    TOOLS["python"]                  # a script in the sandbox (reinforge.agents.sandbox)
-    load_tool("python:my_tools.py:weather")   # a Tool, or a function with a docstring
+    TOOLS["python"]                  # a script in the sandbox (reinforge.sandbox)
+    load_tool("my_tools.py:weather")   # a Tool, or a function with a docstring
 
-A user tool is named `python:<module>:<attr>` or `python:<path/file.py>:<attr>`. A function
+A user tool is named `path/to/file.py:attr` or `package.module:attr` (reinforge.usercode, the
+syntax of reward functions too; the old `python:` prefix still loads, with a deprecation line). A function
 becomes a Tool whose JSON schema is read from its signature: parameters with type hints str, int,
 float, bool, list or dict (others: string), those without a default required; its description is
 the docstring's first paragraph, and an `Args:` section's `name: text` lines describe parameters.
 """
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import inspect
-import os
-import sys
 from typing import Any, Callable, get_type_hints
 
 from reinforge.agents.base import Tool
 from reinforge.agents.calculator import calculate
-from reinforge.agents.sandbox import run_python
+from reinforge.sandbox import run_python
 from reinforge.config.hints import did_you_mean
 from reinforge.config.load import ConfigError
-
-USER_PREFIX = "python:"
+from reinforge.usercode import load_user_object
 _JSON_TYPES = {str: "string", int: "integer", float: "number", bool: "boolean", list: "array", dict: "object"}
 
 
@@ -108,54 +104,23 @@ def tool_from_function(fn: Callable, name: str | None = None, timeout_s: float =
                 parameters={"type": "object", "properties": props, "required": required})
 
 
-def import_user_object(spec: str, kind: str = "tool") -> Any:
-    """The object a `python:module:attr` or `python:path/file.py:attr` spec names; ConfigError
-    (naming the `kind` and spec) when it cannot be imported or is missing."""
-    target, sep, attr = spec[len(USER_PREFIX):].rpartition(":")
-    if not sep or not target or not attr:
-        raise ConfigError(f"{kind} '{spec}': expected 'python:module:attr' or 'python:path/file.py:attr'")
-    try:
-        if target.endswith(".py"):
-            path = os.path.abspath(target)
-            if not os.path.isfile(path):
-                raise ConfigError(f"{kind} '{spec}': file not found: {path}")
-            module_name = "reinforge_user_tool_" + str(abs(hash(path)))
-            module = sys.modules.get(module_name)
-            if module is None:
-                mspec = importlib.util.spec_from_file_location(module_name, path)
-                module = importlib.util.module_from_spec(mspec)
-                mspec.loader.exec_module(module)
-                sys.modules[module_name] = module
-        else:
-            module = importlib.import_module(target)
-    except ConfigError:
-        raise
-    except Exception as exc:  # ImportError, or the module's own code raised at import
-        raise ConfigError(f"{kind} '{spec}': importing {target} raised {type(exc).__name__}: {exc}") from None
-    if not hasattr(module, attr):
-        raise ConfigError(f"{kind} '{spec}': {target} has no attribute '{attr}'")
-    return getattr(module, attr)
-
-
 def load_tool(spec: str | Tool | Callable) -> Tool:
-    """A Tool from a built-in name (TOOLS), a `python:` spec, a Tool, or a documented function."""
+    """A Tool from a built-in name (TOOLS), a user-code spec (`file.py:attr`, `module:attr`), a Tool,
+    or a documented function."""
     if isinstance(spec, Tool):
         return spec
     if callable(spec):
         return tool_from_function(spec)
     if not isinstance(spec, str) or not spec.strip():
-        raise ConfigError(f"tool spec must be a name or 'python:module:attr', got {spec!r}")
+        raise ConfigError(f"tool spec must be a name or 'module:attr', got {spec!r}")
     if spec in TOOLS:
         return TOOLS[spec]
-    if not spec.startswith(USER_PREFIX):
+    if ":" not in spec:
         raise ConfigError(f"unknown tool '{spec}'; {did_you_mean(spec, TOOLS)}built-ins: {', '.join(sorted(TOOLS))}; "
-                          "or 'python:module:attr' / 'python:path/file.py:attr' for your own")
-    obj = import_user_object(spec)
-    if isinstance(obj, Tool):
-        return obj
-    if callable(obj):
-        return tool_from_function(obj)
-    raise ConfigError(f"tool '{spec}' is a {type(obj).__name__}; it must be a reinforge.agents.base.Tool or a function")
+                          "or 'package.module:attr' / 'path/to/file.py:attr' for your own")
+    obj = load_user_object(spec, "tool", expect="a reinforge.agents.base.Tool or a function",
+                           accept=lambda o: isinstance(o, Tool) or callable(o))
+    return obj if isinstance(obj, Tool) else tool_from_function(obj)
 
 
 def load_tools(specs) -> dict[str, Tool]:

@@ -114,7 +114,7 @@ class RolloutConfig:
     max_response_length tokens after the prompt, generated and observed together (docs/agents.md)."""
     tools: list = field(default_factory=list)
     """Tools the policy may call (max_turns > 1): built-in names (calculator, python) or
-    python:module:attr / python:file.py:attr; a dataset row's `tools` column (a list of names)
+    package.module:attr / path/file.py:attr (reinforge.usercode); a dataset row's `tools` column (a list of names)
     replaces this list for that row."""
     tool_parser: str = "tag"
     """How calls are written and results shown: tag (<calculator>2*3</calculator> -> <r>6</r>,
@@ -122,7 +122,7 @@ class RolloutConfig:
     the tokenizer's chat template as tool messages: Qwen2.5, Hermes)."""
     env: str = ""
     """A multi-turn environment instead of tools (max_turns > 1): a built-in name (guess_number)
-    or python:module:Class; each turn's text goes to its step(), whose answer is the next
+    or package.module:Class / path/file.py:Class; each turn's text goes to its step(), whose answer is the next
     observation and whose per-turn rewards join the score. Empty: none."""
 
 

@@ -1,4 +1,5 @@
-"""Forward passes that every worker shares: response log-probs (+ entropy) and values.
+"""Forward passes that every worker and trainer shares: response log-probs (+ entropy) and SFT
+target log-probs, both through `token_logprobs` (the one model-to-log-prob path), and values.
 
 Shapes: B sequences, L = P + T tokens (left-padded prompt, right-padded response), H hidden,
 V vocabulary. Position ids always come from the attention mask, so RoPE sees each token's true
@@ -87,6 +88,18 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
                                input_ids[:, -T:].reshape(-1), temperature=temperature, with_entropy=with_entropy,
                                fused=fused, chunk_size=chunk_size, top_k=top_k, top_p=top_p)
     return logp.view(B, T), (ent.view(B, T) if ent is not None else None)
+
+
+def target_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None = None,
+                    fused: bool = True) -> torch.Tensor:
+    """Log-probs (N,) of SFT's target tokens, N = loss_mask[:, 1:].sum(): token t+1 where
+    loss_mask is 1, predicted from position t. batch: (B, L) input_ids, attention_mask (or a
+    packed row's 4D mask), position_ids, loss_mask. Only the target positions go through the
+    LM head (the fused path never builds their (N, V) logits either)."""
+    target = batch["loss_mask"][:, 1:].bool()  # (B, L-1)
+    fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    return token_logprobs(model, fwd, lambda x: x[:, :-1][target], batch["input_ids"][:, 1:][target],
+                          fused=fused, chunk_size=chunk_size)[0]
 
 
 def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:

@@ -1,5 +1,5 @@
 """`code_tests`: run the response's code against the row's unit tests in the sandbox
-(reinforge.agents.sandbox: time, memory and output limits, no network, its own temp dir).
+(reinforge.sandbox: time, memory and output limits, no network, its own temp dir).
 
 Ground truth, in veRL's code-dataset schema (PRIME / APPS / TACO rows, as veRL's
 `prime_code` scorer reads them), as a dict or its JSON text:
@@ -23,7 +23,7 @@ import json
 import re
 import secrets
 
-from reinforge.agents.sandbox import run_python
+from reinforge.sandbox import run_python
 
 CASE_TIMEOUT_S = 2.0
 TOTAL_TIMEOUT_S = 10.0

@@ -1,19 +1,15 @@
-"""Resolve a reward spec (built-in name, dotted path, file.py:name, or python:name for a callable
-handed over in Python) to a callable."""
+"""Resolve a reward spec (a built-in name, user code as `path/to/file.py:fn` or `package.module:fn`
+(reinforge.usercode), or python:<name> for a callable handed over in Python) to a callable."""
 
 from __future__ import annotations
 
-import functools
-import importlib
-import importlib.util
-import os
-import sys
 from typing import Callable
 
 from reinforge.config.hints import did_you_mean
 from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward
 from reinforge.rewards.code_tests import code_tests
 from reinforge.tasks import TASKS
+from reinforge.usercode import IN_PROCESS_PREFIX, is_in_process_name, load_user_object
 
 # Each built-in task's own verifier, under the task's name.
 TASK_REWARDS: dict[str, Callable] = {name: make().score for name, make in TASKS.items()}
@@ -52,7 +48,7 @@ def _spec_error(message: str) -> ValueError:
 
 # Functions handed over in Python (RLTrainer(reward_funcs=[fn])), under "python:<name>" names
 # that config.yaml can record; they exist in this process only.
-PYTHON_PREFIX = "python:"
+PYTHON_PREFIX = IN_PROCESS_PREFIX
 _PYTHON_REWARDS: dict[str, Callable] = {}
 
 
@@ -71,10 +67,11 @@ def register_python_reward(fn: Callable) -> str:
 def load_reward_fn(spec) -> Callable:
     """A reward function from `spec`.
 
-    spec: a callable (returned as is); a built-in name (see BUILTIN_REWARDS); "path/to/file.py:name";
-    "pkg.mod:fn"; "pkg.mod.fn"; or a "python:<name>" from register_python_reward. The function
-    is written in one of the styles of reinforge.rewards.styles (reinforge, veRL, TRL). A bad
-    spec raises ConfigError (a ValueError) naming it, with a did-you-mean for a mistyped built-in.
+    spec: a callable (returned as is); a built-in name (see BUILTIN_REWARDS); "path/to/file.py:fn";
+    "package.module:fn"; or a "python:<name>" from register_python_reward. The old "pkg.mod.fn"
+    and "python:file.py:fn" forms still load, with a deprecation line (reinforge.usercode). The
+    function is written in one of the styles of reinforge.rewards.styles (reinforge, veRL, TRL).
+    A bad spec raises ConfigError (a ValueError) naming it, with a did-you-mean for a mistyped built-in.
     """
     if callable(spec):
         return spec
@@ -83,27 +80,20 @@ def load_reward_fn(spec) -> Callable:
     spec = spec.strip()
     if spec in BUILTIN_REWARDS:
         return BUILTIN_REWARDS[spec]
-    if spec.startswith(PYTHON_PREFIX):
+    if is_in_process_name(spec):
         if spec not in _PYTHON_REWARDS:
             raise _spec_error(f"reward '{spec}' was a Python function handed to RLTrainer(reward_funcs=...) in "
                               "another process; pass it again that way, or name it as 'file.py:fn' or 'module:fn'")
         return _PYTHON_REWARDS[spec]
     if spec.endswith(".py"):
         raise _spec_error(f"reward '{spec}': name the function in the file too, '{spec}:fn'")
-    module_name, sep, attr = spec.rpartition(":")
-    if not sep:
-        module_name, _, attr = spec.rpartition(".")
-    if not module_name or not attr:
+    if ":" not in spec and "." not in spec.strip("."):
         hint = did_you_mean(spec, BUILTIN_REWARDS)
         raise _spec_error(
             f"unknown reward '{spec}'; {hint}built-ins: {', '.join(sorted(BUILTIN_REWARDS))}; "
-            "or give 'pkg.module:fn', 'pkg.module.fn' or 'path/to/file.py:fn'"
+            "or give 'package.module:fn' or 'path/to/file.py:fn'"
         )
-    module = _load_file(module_name) if module_name.endswith(".py") else _import(module_name, spec)
-    fn = getattr(module, attr, None)
-    if not callable(fn):
-        raise _spec_error(f"reward '{spec}': '{attr}' is not a callable in {module_name}")
-    return fn
+    return load_user_object(spec, "reward", expect="a callable", accept=callable, dotted=True)
 
 
 def check_reward_signature(fn: Callable, spec: str, style: str | None = None) -> None:
@@ -119,30 +109,3 @@ def check_reward_signature(fn: Callable, spec: str, style: str | None = None) ->
     error = signature_error(fn, c, forced=style not in (None, "auto"))
     if error:
         raise _spec_error(f"reward '{spec}': {error}")
-
-
-def _import(module_name: str, spec: str):
-    try:
-        return importlib.import_module(module_name)
-    except ImportError as exc:
-        raise _spec_error(f"reward '{spec}': cannot import module '{module_name}': {exc}") from exc
-    except Exception as exc:  # the module's own code failed at import
-        raise _spec_error(f"reward '{spec}': importing '{module_name}' raised {type(exc).__name__}: {exc}") from exc
-
-
-@functools.lru_cache(maxsize=None)
-def _load_file(path: str):
-    """Import a .py file once per process (module name derived from its absolute path)."""
-    path = os.path.abspath(path)
-    if not os.path.isfile(path):
-        raise _spec_error(f"reward file not found: {path}")
-    name = "reinforge_user_reward_" + str(abs(hash(path)))
-    module_spec = importlib.util.spec_from_file_location(name, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module  # lets dataclasses / pickling inside the file find the module
-    try:
-        module_spec.loader.exec_module(module)
-    except Exception as exc:  # a syntax error (its message holds the line) or the file's own code
-        del sys.modules[name]
-        raise _spec_error(f"reward file {path}: {type(exc).__name__}: {exc}") from exc
-    return module

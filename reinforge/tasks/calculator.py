@@ -16,8 +16,8 @@ from __future__ import annotations
 import random
 import re
 
-from reinforge.agents.base import format_tag_call, format_tag_result
 from reinforge.tasks.base import Example, Task
+from reinforge.tasks.tags import format_tag_call, format_tag_result
 
 TOOL = "calculator"
 # The final answer follows the last tool result (or the last call, if the text reaching the

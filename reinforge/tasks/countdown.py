@@ -1,49 +1,33 @@
 """`countdown`: "3 5 2 -> 16:" -> "(3+5)*2", using each given number exactly once.
 
-The verifier never evaluates the response as code: it checks the characters against a
-whitelist, parses with `ast`, walks only number / + - * / nodes and computes with exact
-fractions, so "__import__('os')" or "2**999999" scores 0 without running anything.
+The verifier never evaluates the response as code: reinforge.safe_eval checks the characters
+against a whitelist, parses with `ast`, walks only number / + - * / nodes and computes with
+exact fractions, so "__import__('os')" or "2**999999" scores 0 without running anything.
 """
 
 from __future__ import annotations
 
-import ast
 import functools
 import json
 import operator
 import random
 from fractions import Fraction
 
+from reinforge.safe_eval import ExpressionError, Grammar, evaluate
 from reinforge.tasks.base import Example, Task
 
 MAX_RESPONSE_CHARS = 64  # generated solutions are <= ~16 chars; anything far longer is wrong
-_ALLOWED_CHARS = frozenset("0123456789+-*/() ")
-_OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv}
-_SYMBOL = {"+": ast.Add, "-": ast.Sub, "*": ast.Mult, "/": ast.Div}
+# Integers, + - * / and parentheses only (no unary minus, no **), computed as exact fractions.
+GRAMMAR = Grammar(binary=("+", "-", "*", "/"), unary=(), floats=False, exact=True,
+                  chars=frozenset("0123456789+-*/() "), max_chars=MAX_RESPONSE_CHARS)
+_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul, "/": operator.truediv}
 
 
 def evaluate_expression(text: str) -> tuple[Fraction, list[int]] | None:
     """Exact value and the literals used by an arithmetic expression, or None if not one."""
-    if not isinstance(text, str) or len(text) > MAX_RESPONSE_CHARS or not set(text) <= _ALLOWED_CHARS:
-        return None
     try:
-        tree = ast.parse(text.strip(), mode="eval")
-    except (SyntaxError, ValueError, RecursionError, MemoryError):
-        return None
-    numbers: list[int] = []
-
-    def walk(node: ast.AST) -> Fraction:
-        if isinstance(node, ast.Constant) and type(node.value) is int:
-            numbers.append(node.value)
-            return Fraction(node.value)
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPS:
-            left, right = walk(node.left), walk(node.right)
-            return _OPS[type(node.op)](left, right)  # Fraction / 0 raises ZeroDivisionError
-        raise ValueError(f"disallowed syntax: {type(node).__name__}")
-
-    try:
-        return walk(tree.body), numbers
-    except (ValueError, ZeroDivisionError, RecursionError):
+        return evaluate(text, GRAMMAR)
+    except ExpressionError:
         return None
 
 
@@ -80,7 +64,7 @@ def _combine(op: str, left: tuple[Fraction, str, str], right: tuple[Fraction, st
     # The right operand needs parentheses unless the operator is associative over it.
     if (op == "-" and rop in ("+", "-")) or (op == "*" and rop in ("+", "-")) or (op == "/" and rop):
         rt = f"({rt})"
-    value = _OPS[_SYMBOL[op]](lv, rv)
+    value = _OPS[op](lv, rv)
     return value, f"{lt}{op}{rt}", op
 
 
@@ -130,7 +114,7 @@ def make_countdown(count: int = 3, max_number: int = 9, max_target: int = 100, o
         raise ValueError(f"countdown: count must be in 2..6, got {count!r}")
     if not 1 <= max_number <= 99:
         raise ValueError(f"countdown: max_number must be in 1..99, got {max_number!r}")
-    if not ops or set(ops) - set(_SYMBOL):
+    if not ops or set(ops) - set(_OPS):
         raise ValueError(f"countdown: ops must be made of '+-*/', got {ops!r}")
     return Task(
         name="countdown",

@@ -16,8 +16,8 @@ import functools
 import random
 import re
 
-from reinforge.agents.base import TAG_RESULT_CLOSE, TAG_RESULT_OPEN, format_tag_result
 from reinforge.tasks.base import Example, Task
+from reinforge.tasks.tags import TAG_RESULT_CLOSE, TAG_RESULT_OPEN, format_tag_result
 
 _OBSERVATION = re.compile(re.escape(TAG_RESULT_OPEN) + ".*?" + re.escape(TAG_RESULT_CLOSE), re.S)
 _INT = re.compile(r"-?\d+")

@@ -20,8 +20,7 @@ from pathlib import Path
 import torch
 
 from reinforge.config.sft import SFTConfig, validate_sft
-from reinforge.models.forward import position_ids_from_mask
-from reinforge.models.forward import token_logprobs as response_token_logprobs
+from reinforge.models.forward import position_ids_from_mask, target_logprobs
 from reinforge.seeding import seed_everything
 from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
 from reinforge.trainers.logging import Timer, note_skipped
@@ -78,16 +77,6 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
             "loss_mask": pad([r["loss_mask"] for r in rows], 0)[0],
             "position_ids": pad([r["position_ids"] for r in rows], 0)[0],
             "attention_mask": mask4d[:, None]}
-
-
-def token_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None = None,
-                   fused: bool = True) -> torch.Tensor:
-    """Log-probs (N,) of the target tokens, N = loss_mask[:, 1:].sum(): only the response tokens
-    go through the LM head (the fused path never builds their (N, V) logits either)."""
-    target = batch["loss_mask"][:, 1:].bool()  # token t+1 is predicted from position t
-    fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
-    return response_token_logprobs(model, fwd, lambda x: x[:, :-1][target], batch["input_ids"][:, 1:][target],
-                                   fused=fused, chunk_size=chunk_size)[0]
 
 
 def load_sft_data(cfg: SFTConfig, tok, rows: dict | None = None) -> tuple[list[dict], list[dict]]:
@@ -173,7 +162,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
 
     def _nll(self, batch: dict, _micro, n_tokens: int) -> tuple[torch.Tensor, dict]:
         """The micro-batch's summed next-token NLL over the whole batch's target tokens."""
-        logp = token_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
+        logp = target_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
         return -logp.sum() / n_tokens, {}
 
     @torch.no_grad()
@@ -184,8 +173,8 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         self.model.eval()
         total, count = 0.0, 0
         for part in chunks(self.val_rows, self.cfg.derived["micro_batch_size"]):
-            logp = token_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)),
-                                  self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
+            logp = target_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)),
+                                   self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
             total, count = total - float(logp.sum()), count + logp.numel()
         self.model.train(was)
         loss = total / max(count, 1)

@@ -9,9 +9,9 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from reinforge.agents.base import format_tag_call, format_tag_result
 from reinforge.config.load import load_config
 from reinforge.config.schema import RLConfig
+from reinforge.tasks.tags import format_tag_call, format_tag_result
 from reinforge.trainers.rl import RLTrainer
 
 pytestmark = pytest.mark.usefixtures("one_thread")

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import random
 
-from reinforge.agents.base import format_tag_call, format_tag_result
 from reinforge.agents.tools import TOOLS
 from reinforge.data.io import load_rows
 from reinforge.data.sft import SFTDataset
 from reinforge.tasks import build_char_tokenizer, get_task, make_task_data
 from reinforge.tasks.calculator import final_answer, score_calculator
+from reinforge.tasks.tags import format_tag_call, format_tag_result
 
 
 def test_rows_carry_tools_and_products(tmp_path):

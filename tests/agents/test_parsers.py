@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from reinforge.agents.base import Tool, format_tag_result
+from reinforge.agents.base import Tool
 from reinforge.agents.parsers import HermesParser, TagParser, get_parser
 from reinforge.tasks import build_char_tokenizer
+from reinforge.tasks.tags import format_tag_result
 
 CALC = Tool("calc", "arithmetic", {"type": "object", "properties": {"expr": {"type": "string"}}, "required": ["expr"]},
             fn=lambda expr: str(eval(expr)))  # noqa: S307 - test tool, fixed inputs

@@ -5,7 +5,7 @@ import glob
 import os
 import tempfile
 
-from reinforge.agents.sandbox import MAX_FILE_BYTES, network_isolation, run_python
+from reinforge.sandbox import MAX_FILE_BYTES, network_isolation, run_python
 
 
 def test_runs_code_with_stdin_and_files_in_a_fresh_dir():
@@ -47,7 +47,7 @@ def test_network_attempt_fails():
 
 
 def test_socket_guard_without_a_network_namespace(monkeypatch):
-    import reinforge.agents.sandbox as sandbox
+    import reinforge.sandbox as sandbox
 
     monkeypatch.setattr(sandbox, "_unshare_prefix", lambda: ())  # a machine where unshare is refused
     done = run_python("import socket\nsocket.socket()")

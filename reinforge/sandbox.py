@@ -1,4 +1,5 @@
-"""Run untrusted Python in a subprocess with limits: the `python` tool and the `code_tests` reward.
+"""Run untrusted Python in a subprocess with limits: the `python` tool and the `code_tests` reward
+(a leaf module, imports nothing of reinforge, so agents/ and rewards/ both import it downward).
 
 What is enforced (Linux; no root needed):
 - wall time: the child runs in its own session (process group); past `timeout_s` the whole group
