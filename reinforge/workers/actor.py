@@ -25,8 +25,8 @@ from reinforge.workers import dp
 from reinforge.workers.gkd import GKDTerm, gkd_log_probs
 from reinforge.workers.rollout.vllm import tis_weights
 from reinforge.workers.token_stats import batch_sum_pi_squared
-from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
-                                     mini_batches)
+from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
+from reinforge.workers.role import LocalTrainedRole
 
 
 class MetricSum:
@@ -55,7 +55,7 @@ class MetricSum:
         return {f"{prefix}{k}": float(v) / max(count, 1) for k, v in self.sums.items()}
 
 
-class ActorWorker(TrainedWorkerState):
+class ActorWorker(LocalTrainedRole, role="actor"):
     def __init__(self, model, cfg: ActorConfig, model_cfg: ModelConfig, *, total_steps: int,
                  mini_batch_size: int, micro_batch_size: int, loss_norm_const: float, seed: int):
         self.model, self.cfg, self.mcfg = model, cfg, model_cfg

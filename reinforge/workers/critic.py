@@ -11,11 +11,11 @@ from reinforge.models.packing import micro_batches, packed_response_values, rest
 from reinforge.protocol import Batch
 from reinforge.workers import dp
 from reinforge.workers.actor import MetricSum, _local, model_device
-from reinforge.workers.optim import (NonFiniteGuard, TrainedWorkerState, clip_and_step, make_optimizer, make_scheduler,
-                                     mini_batches)
+from reinforge.workers.optim import NonFiniteGuard, clip_and_step, make_optimizer, make_scheduler, mini_batches
+from reinforge.workers.role import LocalTrainedRole
 
 
-class CriticWorker(TrainedWorkerState):
+class CriticWorker(LocalTrainedRole, role="critic"):
     def __init__(self, model, cfg: CriticConfig, *, total_steps: int, mini_batch_size: int, micro_batch_size: int,
                  seed: int, use_packing: bool = False):
         self.model, self.cfg, self.use_packing = model, cfg, use_packing
