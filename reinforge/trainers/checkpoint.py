@@ -25,7 +25,7 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Any, Callable, Mapping
+from typing import Any, Callable
 
 import numpy as np
 import torch
@@ -160,13 +160,13 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, torch.nn.Module],
                     state: dict[str, Any], cfg, keep_last: int = 2,
-                    writers: Mapping[str, Callable[[Path], Any]] | None = None) -> Path:
+                    writers: tuple[Callable[[Path], dict | None], ...] = ()) -> Path:
     """Write `step_<step>/` (with the resolved `cfg` as config.yaml) atomically and prune old
     checkpoints (the newest `keep_last` step folders stay). Returns its path.
 
-    `writers` {key: write} are called with the temporary folder first and write their files
-    there (a trained role: workers/role.py), so those are part of the same manifest and rename;
-    what `write` returns is stored as `state[key]`."""
+    `writers` are called with the temporary folder first and write their files there (the RL
+    trainer's roles: workers/role.py), so those are part of the same manifest and rename; the
+    dict a writer returns, if any, is added to `state`."""
     root = Path(ckpt_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
@@ -174,8 +174,8 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, to
     if tmp.exists():
         shutil.rmtree(tmp)
     tmp.mkdir()
-    for key, write in (writers or {}).items():
-        state[key] = write(tmp)
+    for write in writers:
+        state.update(write(tmp) or {})
     for name, model in models.items():
         save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied embeddings
     torch.save(state, tmp / "trainer_state.pt")

@@ -223,9 +223,10 @@ class RLTrainer(TrainingLoop):
         if self.producer is not None:  # the first prompt not yet trained on (async_rollout.Start)
             start = self.producer.resume_point()
             state.loader, state.next_uid, state.async_offset = start.loader_state, start.uid, start.offset
-        # each role's save returns its entry of the state (TrainerState.roles, one key each on disk)
+        # each role writes its files into the temporary folder and returns its entry of the state
         return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {}, state.to_dict(), self.cfg,
-                               self.cfg.trainer.keep_last, writers={n: r.save for n, r in self._roles().items()})
+                               self.cfg.trainer.keep_last,
+                               writers=(lambda tmp: {n: r.save(tmp) for n, r in self._roles().items()},))
 
     def resume(self, path: str | None = None) -> int:
         """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
