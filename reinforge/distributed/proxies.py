@@ -1,6 +1,7 @@
 """Stand-ins for the actor, critic, reference and rollout that forward to a RayWorkerGroup.
 
-They keep the local workers' interface, so the trainer's step is the same for both backends:
+They implement the same roles as the local workers (workers/role.py: ActorRole, CriticRole,
+FrozenRole), so the trainer's step, checkpoints, export and close are the same for both backends:
 inference methods split the batch over ranks (equal counts, balanced tokens) and gather the
 results in the batch's order; updates send the whole batch to every rank (each trains on its
 slice of every mini-batch, see workers/dp.py) and return rank 0's metrics, already summed
@@ -16,9 +17,12 @@ from pathlib import Path
 import torch
 
 from reinforge.protocol import Batch
+from reinforge.workers.role import ray_unsharded_error
 
 
-class _TrainedRole:
+class _RayTrainedRole:
+    """The TrainedRole of workers/role.py for a role that lives on the ranks."""
+
     role = ""
 
     def __init__(self, group):
@@ -29,23 +33,40 @@ class _TrainedRole:
         self.version += 1
         return self.group.run_same(self.role, "update", batch)[0]
 
-    def save_sharded(self, path) -> dict:
-        """Each rank writes its model and optimizer shards under `path`, and rank 0 the full
-        weights beside it (`<role>.safetensors`, one tensor gathered at a time); returns the
-        rest of the worker state."""
-        path = Path(path)
-        return self.group.run_all(self.role, "save_sharded", str(path), str(path.parent / f"{self.role}.safetensors"))[0]
+    def state_dict(self) -> dict:
+        """Rank 0's state without the optimizer, which only exists as the ranks' shards."""
+        return self.group.run_all(self.role, "state_dict")[0]
 
-    def load_sharded(self, path, state: dict) -> None:
-        self.group.run_all(self.role, "load_sharded", str(path), state)
+    def save(self, ckpt_dir: Path) -> dict:
+        """Each rank writes its model and optimizer shards under `<role>_sharded/`, and rank 0
+        the full weights beside it (`<role>.safetensors`, one tensor gathered at a time);
+        returns the rest of the worker state."""
+        ckpt_dir = Path(ckpt_dir)
+        return self.group.run_all(self.role, "save_sharded", str(ckpt_dir / f"{self.role}_sharded"),
+                                  str(ckpt_dir / f"{self.role}.safetensors"))[0]
+
+    def load(self, ckpt_dir: Path, state: dict | None) -> None:
+        if state is None:
+            return
+        sharded = Path(ckpt_dir) / f"{self.role}_sharded"
+        if not sharded.exists():
+            raise ray_unsharded_error(ckpt_dir, self.role)
+        self.group.run_all(self.role, "load_sharded", str(sharded), state)
         self.version += 1  # the engines re-read what the ranks loaded
 
-    def write_hf(self, folder) -> None:
-        """Rank 0 writes a `from_pretrained` folder's weights (LoRA merged) and config into `folder`."""
+    def export(self, folder: Path, tokenizer) -> None:
+        """Rank 0 writes a `from_pretrained` folder's weights (LoRA merged) and config into
+        `folder`; the tokenizer is written here."""
         self.group.run_all(self.role, "save_hf", str(folder))
+        tokenizer.save_pretrained(folder)
+
+    def close(self) -> None:
+        """Stop the ranks now, not at exit. The group is shared by every proxy of the run, so
+        this ends them all (the trainer closes them together); a second close does nothing."""
+        self.group.shutdown()
 
 
-class ActorProxy(_TrainedRole):
+class ActorProxy(_RayTrainedRole):
     role = "actor"
 
     def log_probs(self, batch: Batch, *, with_entropy: bool = True, with_sum_pi_squared: bool = False) -> Batch:
@@ -53,7 +74,7 @@ class ActorProxy(_TrainedRole):
                                     with_sum_pi_squared=with_sum_pi_squared)
 
 
-class CriticProxy(_TrainedRole):
+class CriticProxy(_RayTrainedRole):
     role = "critic"
 
     def values(self, batch: Batch) -> Batch:
@@ -66,6 +87,9 @@ class ReferenceProxy:
 
     def log_probs(self, batch: Batch) -> Batch:
         return self.group.run_split("reference", "log_probs", batch)
+
+    def close(self) -> None:
+        self.group.shutdown()
 
 
 class RankRollout:

@@ -88,6 +88,10 @@ class RankProcess:
         fsdp.load_sharded(model, worker.opt, path)
         worker.load_state_dict(state)  # without "optimizer": the shards above restored it
 
+    def state_dict(self, role: str) -> dict:
+        """The worker's state besides its weights and optimizer (those are sharded)."""
+        return self.workers[role].state_dict(optimizer=False)
+
     def save_hf(self, role: str, folder: str) -> None:
         """Collective: rank 0 writes a `from_pretrained` folder's weights (LoRA merged) and config."""
         weights.save_hf(self.models[role], folder, write=self.rank == 0)

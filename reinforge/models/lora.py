@@ -2,9 +2,11 @@
 
 Only the adapter matrices train; the base weights stay frozen, so the reference policy is the
 same module with the adapter switched off (`ReferenceWorker` uses `disable_adapter()`), and the
-HF export merges the adapter into the base weights (`checkpoint.export_hf`).
+HF export merges the adapter into the base weights (`save_merged`).
 """
 from __future__ import annotations
+
+import sys
 
 
 def apply_lora(model, rank: int, alpha: float, target_modules: list[str]):
@@ -23,3 +25,20 @@ def apply_lora(model, rank: int, alpha: float, target_modules: list[str]):
 
 def adapter_parameter_names(model) -> list[str]:
     return [n for n, p in model.named_parameters() if p.requires_grad]
+
+
+def is_peft(model) -> bool:
+    """Whether `model` is wrapped by PEFT. A PEFT model exists only once peft was imported, so
+    this never imports it (peft is optional, and its import costs seconds)."""
+    peft = sys.modules.get("peft")
+    return peft is not None and isinstance(model, peft.PeftModel)
+
+
+def save_merged(model, folder) -> None:
+    """`save_pretrained(folder)` of `model`, a PEFT model's adapter merged into a copy of its
+    base weights first (the model itself keeps training with the adapter)."""
+    if is_peft(model):
+        import copy
+
+        model = copy.deepcopy(model).merge_and_unload()
+    model.save_pretrained(folder)

@@ -1,8 +1,9 @@
 """Checkpoints that survive crashes, and bit-exact resume.
 
 `checkpoints/step_N/` holds each model's weights (safetensors), `trainer_state.pt` (optimizer,
-scheduler, RNG states, data-loader position, KL controller, step), the resolved config and
-`COMPLETE`, a manifest of every file's size. A SIGKILL or power loss at any point leaves every
+scheduler, RNG states, data-loader position, KL controller, step: the RL trainer's is a
+trainers/state.TrainerState), the resolved config and `COMPLETE`, a manifest of every file's
+size. A SIGKILL or power loss at any point leaves every
 folder named `step_N` loadable:
 
 - a save writes `.tmp_step_N_<pid>/`, fsyncs its files, writes the manifest, fsyncs the folder,
@@ -24,13 +25,14 @@ import shutil
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import torch
 from safetensors.torch import load_model, save_model
 
 from reinforge.config.load import ConfigError, save_config
+from reinforge.models.lora import save_merged
 
 STEP_RE = re.compile(r"^step_(\d+)$")
 # `.tmp_<name>_<pid>` (being written) and `.trash_<name>_<pid>` (being deleted).
@@ -157,12 +159,14 @@ def latest_checkpoint(ckpt_dir: str | os.PathLike) -> Path | None:
 
 
 def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, torch.nn.Module],
-                    state: dict[str, Any], cfg, keep_last: int = 2, writers: tuple = ()) -> Path:
+                    state: dict[str, Any], cfg, keep_last: int = 2,
+                    writers: tuple[Callable[[Path], dict | None], ...] = ()) -> Path:
     """Write `step_<step>/` (with the resolved `cfg` as config.yaml) atomically and prune old
     checkpoints (the newest `keep_last` step folders stay). Returns its path.
 
-    `writers` are called with the temporary folder first (sharded state of a worker group
-    goes there, and may add to `state`), so they are part of the same manifest and rename."""
+    `writers` are called with the temporary folder first and write their files there (the RL
+    trainer's roles: workers/role.py), so those are part of the same manifest and rename; the
+    dict a writer returns, if any, is added to `state`."""
     root = Path(ckpt_dir)
     root.mkdir(parents=True, exist_ok=True)
     final = root / f"step_{step}"
@@ -171,7 +175,7 @@ def save_checkpoint(ckpt_dir: str | os.PathLike, step: int, models: dict[str, to
         shutil.rmtree(tmp)
     tmp.mkdir()
     for write in writers:
-        write(tmp)
+        state.update(write(tmp) or {})
     for name, model in models.items():
         save_model(model, str(tmp / f"{name}.safetensors"))  # handles tied embeddings
     torch.save(state, tmp / "trainer_state.pt")
@@ -200,29 +204,31 @@ def load_checkpoint(path: str | os.PathLike, models: dict[str, torch.nn.Module])
     return torch.load(path / "trainer_state.pt", weights_only=False)
 
 
-def export_hf(model, tokenizer, out_dir: str | os.PathLike, write=None) -> Path:
-    """A folder `from_pretrained` loads: weights, config and tokenizer (LoRA merged first),
-    written to `.tmp_<name>_<pid>` and swapped in (the previous export stays whole until then).
-    `write(folder)`, when given, writes the weights and config instead of `model` (a Ray worker
-    group streams them from its ranks' shards; the driver's model has no weights)."""
+def write_export(out_dir: str | os.PathLike, write: Callable[[Path], None]) -> Path:
+    """Write a `from_pretrained` folder atomically: `write(folder)` fills `.tmp_<name>_<pid>`,
+    which is then swapped in for `out_dir` (the previous export stays whole until then)."""
     out = Path(out_dir)
     tmp = _hidden(out, "tmp")
     if tmp.exists():
         shutil.rmtree(tmp)
-    if write is not None:
-        tmp.mkdir(parents=True)
-        write(tmp)
-    elif hasattr(model, "merge_and_unload"):
-        import copy
-
-        copy.deepcopy(model).merge_and_unload().save_pretrained(tmp)
-    else:
-        model.save_pretrained(tmp)
-    tokenizer.save_pretrained(tmp)
+    tmp.mkdir(parents=True)
+    write(tmp)
     _sync_tree(tmp)
     crash_point("export:written")
     _replace_dir(tmp, out, "export")
     return out
+
+
+def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
+    """A folder `from_pretrained` loads: `model`'s weights and config (LoRA merged) and the
+    tokenizer, written atomically (write_export). The RL trainer's roles export themselves
+    (TrainedRole.export: a Ray worker group streams the weights from its ranks' shards)."""
+
+    def write(folder: Path) -> None:
+        save_merged(model, folder)
+        tokenizer.save_pretrained(folder)
+
+    return write_export(out_dir, write)
 
 
 def clean_leftovers(run_dir: str | os.PathLike) -> list[Path]:

@@ -21,21 +21,22 @@ from pathlib import Path
 import torch
 
 from reinforge.algos.advantages import NEEDS_BASELINE, NEEDS_TOKEN_STATS
-from reinforge.config.load import ConfigError
 from reinforge.protocol import Batch
 from reinforge.rewards.result import RewardResult
 from reinforge.trainers import async_rollout, stages
 from reinforge.seeding import seed_everything
-from reinforge.trainers.checkpoint import (export_hf, latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
-                                           save_checkpoint, set_rng_state)
+from reinforge.trainers.checkpoint import (latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
+                                           save_checkpoint, set_rng_state, write_export)
 from reinforge.trainers.logging import samples_due, write_jsonl
 from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.metrics import batch_metrics, sample_rows
 from reinforge.trainers.perf import StageTimer, matmul_params, matmul_peak_flops, rl_step_flops
 from reinforge.trainers.inputs import python_inputs
 from reinforge.trainers.rl_setup import build_components
+from reinforge.trainers.state import TrainerState
 from reinforge.trainers.validation import prompts_batch, val_progress, validate
 from reinforge.workers.actor import on_policy_update
+from reinforge.workers.role import TrainedRole
 
 
 class RLTrainer(TrainingLoop):
@@ -201,70 +202,48 @@ class RLTrainer(TrainingLoop):
         if self.critic is not None and self.step_idx == self.cfg.algorithm.value_pretrain_steps:
             # VAPO: the pretrained critic is kept for later runs (critic.model_path=...), also
             # when this step found nothing to learn from (step/skipped).
-            export_hf(self.critic_model, self.tok, self.run_dir / "critic_pretrained",
-                      write=getattr(self.critic, "write_hf", None))
+            write_export(self.run_dir / "critic_pretrained", lambda folder: self.critic.export(folder, self.tok))
 
     def export(self) -> Path:
-        # trainer.backend=ray: the ranks write the weights (the driver's model has none)
-        return export_hf(self.actor_model, self.tok, self.run_dir / "hf", write=getattr(self.actor, "write_hf", None))
+        return write_export(self.run_dir / "hf", lambda folder: self.actor.export(folder, self.tok))
 
     def close(self) -> None:
         if self.producer is not None:
             self.producer.stop()
         self.reward.close()
-        group = getattr(self.actor, "group", None)  # trainer.backend=ray: stop the ranks now, not at exit
-        if group is not None:
-            group.shutdown()
+        for role in (self.teacher, self.reference, self.critic, self.actor):  # Ray: stops the ranks now, not at exit
+            if role is not None:
+                role.close()
 
     # ---- checkpoints --------------------------------------------------------------------------
-    def _models(self) -> dict:
-        if hasattr(self.actor, "write_hf"):  # a Ray worker group: its ranks write the weights too
-            return {}
-        models = {"actor": self.actor_model}
-        if self.critic_model is not None:
-            models["critic"] = self.critic_model
-        return models
+    def _roles(self) -> dict[str, TrainedRole]:
+        """The trained roles by checkpoint name; each writes and reads its own files."""
+        return {name: role for name, role in (("actor", self.actor), ("critic", self.critic)) if role is not None}
 
     def save(self) -> Path:
-        state = {"step": self.step_idx, "next_uid": self.next_uid, "rng": rng_state(),
-                 "loader": self.loader.state_dict(), "actor": None, "critic": None,
-                 "kl_ctrl": self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None}
+        state = TrainerState(step=self.step_idx, next_uid=self.next_uid, rng=rng_state(),
+                             loader=self.loader.state_dict(),
+                             kl_ctrl=self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None)
         if self.producer is not None:  # the first prompt not yet trained on (async_rollout.Start)
             start = self.producer.resume_point()
-            state.update(loader=start.loader_state, next_uid=start.uid, async_offset=start.offset)
-        writers = []
-        for name, worker in (("actor", self.actor), ("critic", self.critic)):
-            if worker is not None and hasattr(worker, "save_sharded"):  # a Ray worker group
-                writers.append(lambda d, n=name, w=worker: state.__setitem__(n, w.save_sharded(d / f"{n}_sharded")))
-            elif worker is not None:
-                state[name] = worker.state_dict()
-        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self._models(), state, self.cfg,
-                               self.cfg.trainer.keep_last, writers=tuple(writers))
+            state.loader, state.next_uid, state.async_offset = start.loader_state, start.uid, start.offset
+        # each role writes its files into the temporary folder and returns its entry of the state
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {}, state.to_dict(), self.cfg,
+                               self.cfg.trainer.keep_last,
+                               writers=(lambda tmp: {n: r.save(tmp) for n, r in self._roles().items()},))
 
     def resume(self, path: str | None = None) -> int:
         """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
         ckpt = Path(path) if path else latest_checkpoint(self.run_dir / "checkpoints")
         if ckpt is None:
             return no_checkpoint(self.run_dir / "checkpoints")
-        state = load_checkpoint(ckpt, self._models())
-        self.step_idx, self.next_uid = state["step"], state["next_uid"]
-        self.resume_offset = state.get("async_offset", 0)
-        self.loader.load_state_dict(state["loader"])
-        for name, worker in (("actor", self.actor), ("critic", self.critic)):
-            if worker is None or state[name] is None:
-                continue
-            sharded = ckpt / f"{name}_sharded"
-            if sharded.exists() and hasattr(worker, "load_sharded"):
-                worker.load_sharded(sharded, state[name])
-            elif sharded.exists():
-                raise ConfigError(f"{ckpt} holds the {name}'s optimizer sharded over a Ray worker group; "
-                                  f"resume it with trainer.backend=ray (any number of ranks)")
-            elif hasattr(worker, "load_sharded"):
-                raise ConfigError(f"{ckpt} was written by a local run; its {name} optimizer state cannot "
-                                  f"be loaded into a Ray worker group (start from its weights instead)")
-            else:
-                worker.load_state_dict(state[name])
-        if self.kl_ctrl is not None and state["kl_ctrl"] is not None:
-            self.kl_ctrl.load_state_dict(state["kl_ctrl"])
-        set_rng_state(state["rng"])
+        state = TrainerState.from_dict(load_checkpoint(ckpt, {}))
+        self.step_idx, self.next_uid = state.step, state.next_uid
+        self.resume_offset = state.async_offset or 0
+        self.loader.load_state_dict(state.loader)
+        for name, role in self._roles().items():
+            role.load(ckpt, state.roles[name])
+        if self.kl_ctrl is not None and state.kl_ctrl is not None:
+            self.kl_ctrl.load_state_dict(state.kl_ctrl)
+        set_rng_state(state.rng)
         return self.step_idx

@@ -29,12 +29,13 @@ from reinforge.models.packing import packed_response_logprobs
 from reinforge.protocol import Batch
 from reinforge.workers.gkd import GKDTerm, gkd_log_probs
 from reinforge.workers.token_stats import batch_sum_pi_squared
-from reinforge.workers.optim import TrainedWorkerState, make_optimizer, make_scheduler
+from reinforge.workers.optim import make_optimizer, make_scheduler
+from reinforge.workers.role import LocalTrainedRole
 from reinforge.workers.update_loop import (LossTerm, NonFiniteGuard, Optim, map_micro_batches, micro_loss,
                                            rl_mini_batches, run_update)
 
 
-class ActorWorker(TrainedWorkerState):
+class ActorWorker(LocalTrainedRole, role="actor"):
     def __init__(self, model, cfg: ActorConfig, model_cfg: ModelConfig, *, total_steps: int,
                  mini_batch_size: int, micro_batch_size: int, loss_norm_const: float, seed: int,
                  on_policy: bool = False, tis_cap: float | None = None):

@@ -11,11 +11,12 @@ from reinforge.models.forward import response_values
 from reinforge.models.packing import packed_response_values
 from reinforge.protocol import Batch
 from reinforge.workers.actor import model_device
-from reinforge.workers.optim import TrainedWorkerState, make_optimizer, make_scheduler
+from reinforge.workers.optim import make_optimizer, make_scheduler
+from reinforge.workers.role import LocalTrainedRole
 from reinforge.workers.update_loop import LossTerm, NonFiniteGuard, Optim, map_micro_batches, rl_mini_batches, run_update
 
 
-class CriticWorker(TrainedWorkerState):
+class CriticWorker(LocalTrainedRole, role="critic"):
     def __init__(self, model, cfg: CriticConfig, *, total_steps: int, mini_batch_size: int, micro_batch_size: int,
                  seed: int, use_packing: bool = False):
         self.model, self.cfg, self.use_packing = model, cfg, use_packing
