@@ -10,7 +10,8 @@ import torch
 from reinforge.config.load import ConfigError
 from reinforge.distributed.proxies import ActorProxy, CriticProxy, ReferenceProxy
 from reinforge.trainers.state import TrainerState
-from reinforge.workers.optim import NonFiniteGuard, make_optimizer, make_scheduler
+from reinforge.workers.optim import make_optimizer, make_scheduler
+from reinforge.workers.update_loop import NonFiniteGuard
 from reinforge.workers.role import LocalTrainedRole
 
 
