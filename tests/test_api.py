@@ -56,8 +56,8 @@ def test_reward_funcs_and_rows_go_into_the_config():
         return [1.0] * len(completions)
 
     cfg = RLConfig.from_preset("grpo")
-    rows = python_inputs(cfg, [score, ("format", 0.5), {"name": score, "weight": 2.0, "style": "trl"}],
-                         [{"prompt": "1+1=", "ground_truth": "2"}], "val.jsonl")
+    cfg, rows = python_inputs(cfg, [score, ("format", 0.5), {"name": score, "weight": 2.0, "style": "trl"}],
+                              [{"prompt": "1+1=", "ground_truth": "2"}], "val.jsonl")
     assert cfg.reward.functions == [{"name": "python:score"}, {"name": "format", "weight": 0.5},
                                     {"name": "python:score", "weight": 2.0, "style": "trl"}]
     assert load_reward_fn("python:score") is score

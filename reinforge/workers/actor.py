@@ -57,8 +57,10 @@ class MetricSum:
 
 class ActorWorker(TrainedWorkerState):
     def __init__(self, model, cfg: ActorConfig, model_cfg: ModelConfig, *, total_steps: int,
-                 mini_batch_size: int, micro_batch_size: int, loss_norm_const: float, seed: int):
+                 mini_batch_size: int, micro_batch_size: int, loss_norm_const: float, seed: int,
+                 on_policy: bool = False, tis_cap: float | None = None):
         self.model, self.cfg, self.mcfg = model, cfg, model_cfg
+        self.on_policy, self.tis_cap = on_policy, tis_cap  # the run's plan (trainers/plan.py)
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.loss_norm_const = loss_norm_const
         self.params = [p for p in model.parameters() if p.requires_grad]
