@@ -181,7 +181,10 @@ def load_config(schema: type[T], config: str | None = None, overrides: Sequence[
 
 
 def save_config(cfg: Any, path: str | os.PathLike) -> None:
-    """Write `cfg.to_dict()` as YAML: a config, or a trainer's plan (trainers/plan.py: the resolved
-    config and, under `derived:`, the values derived from it), what the run actually used."""
+    """Write a config dataclass, or the dict of a trainer's plan (trainers/plan.py `to_dict`: the
+    resolved config and, under `derived:`, the values derived from it), as YAML: what the run
+    actually used."""
+    from dataclasses import asdict
+
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(cfg.to_dict(), sort_keys=False))
+    Path(path).write_text(yaml.safe_dump(cfg if isinstance(cfg, dict) else asdict(cfg), sort_keys=False))

@@ -259,8 +259,8 @@ class SingleModelCheckpoints:
     def save(self) -> Path:
         state = {"step": self.step_idx, "rng": rng_state(), "loader": self.loader.state_dict(),
                  "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
-        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {"model": self.model}, state, self.plan,
-                               self.cfg.trainer.keep_last)
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {"model": self.model}, state,
+                               self.plan.to_dict(), self.cfg.trainer.keep_last)
 
     def resume(self, path: str | None = None) -> int:
         """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""

@@ -159,7 +159,7 @@ class TrainingLoop:
         last: dict[str, float] = {}
         try:
             check_reuse(self.run_dir, bool(resume), overwrite)
-            with sigterm_interrupts(), claim_run_dir(self.run_dir, self.plan):
+            with sigterm_interrupts(), claim_run_dir(self.run_dir, self.plan.to_dict()):
                 if overwrite:
                     clear_previous_run(self.run_dir)
                 purge_step = self._continue(resume) if resume else None

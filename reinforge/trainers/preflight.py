@@ -22,7 +22,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional, Sequence
 
 from reinforge.config.load import ConfigError
-from reinforge.config.validate import IN_MEMORY_PREFIX, check_choice, check_model_path, check_name, model_max_positions, need
+from reinforge.config.validate import (IN_MEMORY_PREFIX, check_choice, check_model_path, check_name, model_max_positions,
+                                       need)
 from reinforge.models.checks import check_model_files, check_tokenizer_files, missing_modules, weight_names
 
 if TYPE_CHECKING:

@@ -231,7 +231,7 @@ class RLTrainer(TrainingLoop):
                 writers.append(lambda d, n=name, w=worker: state.__setitem__(n, w.save_sharded(d / f"{n}_sharded")))
             elif worker is not None:
                 state[name] = worker.state_dict()
-        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self._models(), state, self.plan,
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, self._models(), state, self.plan.to_dict(),
                                self.cfg.trainer.keep_last, writers=tuple(writers))
 
     def resume(self, path: str | None = None) -> int:

@@ -121,13 +121,15 @@ def build_workers(plan: RunPlan, shard=None) -> Workers:
     m, t = cfg.model, cfg.trainer
     shard = shard or (lambda model: model)
     actor_model = shard(load_actor_model(plan))
-    actor = ActorWorker(actor_model, cfg.actor, m, total_steps=t.total_steps, mini_batch_size=plan.actor_mini_batch_size,
-                        micro_batch_size=plan.actor_micro_batch_size, loss_norm_const=plan.loss_norm_const, seed=t.seed,
+    actor = ActorWorker(actor_model, cfg.actor, m, total_steps=t.total_steps,
+                        mini_batch_size=plan.actor_mini_batch_size, micro_batch_size=plan.actor_micro_batch_size,
+                        loss_norm_const=plan.loss_norm_const, seed=t.seed,
                         on_policy=plan.on_policy, tis_cap=plan.tis_cap)
     reference = None
     if plan.reference_enabled:
         # With LoRA the reference is the actor with its adapter disabled: no second copy.
-        ref_model = actor_model if m.lora_rank > 0 else shard(load_causal_lm(m.path, train=False, **_model_kwargs(plan)))
+        ref_model = actor_model if m.lora_rank > 0 else \
+            shard(load_causal_lm(m.path, train=False, **_model_kwargs(plan)))
         reference = ReferenceWorker(ref_model, m, plan.actor_micro_batch_size, cfg.actor.max_tokens_per_micro_batch)
     critic_model = critic = None
     if plan.critic_enabled:
