@@ -18,7 +18,7 @@ import copy
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional
 
 from reinforge.config.load import DERIVED_KEY, ConfigError
 from reinforge.config.preference import DPOConfig, RMConfig, validate_preference
@@ -227,10 +227,18 @@ class _Supervised:
     """The config has an eval section (generation on eval.prompt_files, eval.reward_functions)."""
     overlong: tuple
     """The data.overlong policies its dataset knows."""
+    folders: Callable[[Any], dict] = lambda cfg: {"model.path": cfg.model.path}
+    """cfg -> {dotted key: folder} of the models the run loads."""
+
+
+def _dpo_folders(cfg: DPOConfig) -> dict:
+    return {"model.path": cfg.model.path, **({"dpo.ref_model_path": cfg.dpo.ref_model_path}
+                                             if cfg.dpo.ref_model_path else {})}
 
 
 SUPERVISED = {SFTConfig: _Supervised(validate_sft, "parquet/JSONL file", True, SFT_OVERLONG),
-              DPOConfig: _Supervised(validate_preference, "prompt/chosen/rejected file", True, PREF_OVERLONG),
+              DPOConfig: _Supervised(validate_preference, "prompt/chosen/rejected file", True, PREF_OVERLONG,
+                                     _dpo_folders),
               RMConfig: _Supervised(validate_preference, "prompt/chosen/rejected file", False, PREF_OVERLONG)}
 
 
@@ -260,9 +268,6 @@ def plan_supervised(cfg, *, hub_ids: dict | None = None, rows: dict | None = Non
                                                                                        "eval.reward_functions")))
         functions = tuple((f"eval.reward_functions[{i}].name", f["name"], f.get("style"))
                           for i, f in enumerate(cfg.eval.reward_functions))
-    folders = {"model.path": cfg.model.path}
-    if isinstance(cfg, DPOConfig) and cfg.dpo.ref_model_path:
-        folders["dpo.ref_model_path"] = cfg.dpo.ref_model_path
     return SupervisedPlan(cfg=cfg, device=device, micro_batch_size=min(cfg.optim.micro_batch_size, cfg.data.batch_size),
-                          hub_ids=dict(hub_ids or {}), model_folders=folders, reward_functions=functions,
+                          hub_ids=dict(hub_ids or {}), model_folders=kind.folders(cfg), reward_functions=functions,
                           rows=dict(rows or {}))
