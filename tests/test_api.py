@@ -56,8 +56,8 @@ def test_reward_funcs_and_rows_go_into_the_config():
         return [1.0] * len(completions)
 
     cfg = RLConfig.from_preset("grpo")
-    rows = python_inputs(cfg, [score, ("format", 0.5), {"name": score, "weight": 2.0, "style": "trl"}],
-                         [{"prompt": "1+1=", "ground_truth": "2"}], "val.jsonl")
+    cfg, rows = python_inputs(cfg, [score, ("format", 0.5), {"name": score, "weight": 2.0, "style": "trl"}],
+                              [{"prompt": "1+1=", "ground_truth": "2"}], "val.jsonl")
     assert cfg.reward.functions == [{"name": "python:score"}, {"name": "format", "weight": 0.5},
                                     {"name": "python:score", "weight": 2.0, "style": "trl"}]
     assert load_reward_fn("python:score") is score
@@ -117,9 +117,11 @@ def test_sft_and_dpo_trainers_take_rows_in_memory(tiny_model_dir, tmp_path):
              "optim.micro_batch_size": 4, "trainer.progress": False, "trainer.loggers": ["jsonl"]}
     sft_rows = [{"prompt": f"{a}+{b}=", "response": str(a + b)} for a in range(3) for b in range(3)]
     cfg = SFTConfig.from_preset("sft", **small, **{"trainer.run_dir": str(tmp_path / "sft")})
-    metrics = SFTTrainer(cfg, train_dataset=sft_rows, eval_dataset=sft_rows[:4]).fit()
+    trainer = SFTTrainer(cfg, train_dataset=sft_rows, eval_dataset=sft_rows[:4])
+    metrics = trainer.fit()
     assert metrics["train/tokens"] > 0 and "val/loss" in metrics
-    assert cfg.data.train_files == ["python:train_dataset"] and cfg.data.val_files == ["python:eval_dataset"]
+    data = trainer.cfg.data  # the resolved copy; cfg is left as it is
+    assert data.train_files == ["python:train_dataset"] and data.val_files == ["python:eval_dataset"]
     pairs = [{"prompt": r["prompt"], "chosen": r["response"], "rejected": r["response"] + "0"} for r in sft_rows]
     cfg = DPOConfig.from_preset("dpo", **small, **{"trainer.run_dir": str(tmp_path / "dpo")})
     metrics = DPOTrainer(cfg, train_dataset=pairs).fit()

@@ -6,10 +6,11 @@ import pytest
 
 from reinforge.config.common import RunConfig
 from reinforge.config.load import ConfigError, list_presets, load_config
-from reinforge.config.preference import DPOConfig, RMConfig, validate_preference
+from reinforge.config.preference import DPOConfig, RMConfig
 from reinforge.config.schema import RLConfig, TrainerConfig
-from reinforge.config.sft import SFTConfig, validate_sft
+from reinforge.config.sft import SFTConfig
 from reinforge.config.validate import validate
+from reinforge.trainers.plan import plan_rl, plan_supervised
 from tests.conftest import rl_overrides
 
 
@@ -48,19 +49,19 @@ def test_overrides_and_types():
 def test_validation_messages(tiny_model_dir, arith_data, tmp_path, extra, match):
     cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **extra))
     with pytest.raises(ConfigError, match=match):
-        validate(cfg)
+        plan_rl(cfg)
 
 
 def test_vllm_without_gpu_fails_at_config_time(tiny_model_dir, arith_data, tmp_path):
     cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path),
                                                      **{"rollout.backend": "vllm", "trainer.device": "cpu"}))
     with pytest.raises(ConfigError, match="vllm"):
-        validate(cfg)
+        plan_rl(cfg)
 
 
 def test_derived(tiny_model_dir, arith_data, tmp_path):
-    cfg = validate(load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **{"rollout.n": 2})))
-    assert cfg.derived["critic_enabled"] and cfg.derived["reference_enabled"] and cfg.derived["batch_size"] == 8
+    plan = plan_rl(load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **{"rollout.n": 2})))
+    assert plan.critic_enabled and plan.reference_enabled and plan.batch_size == 8
 
 
 def test_every_preset_is_a_config():
@@ -113,9 +114,8 @@ def test_rl_lr_schedule_checked(tiny_model_dir, arith_data, tmp_path, preset, ke
 def test_supervised_validation_messages(tiny_model_dir, arith_data, schema, data, extra, match):
     cfg = load_config(schema, None, [f"model.path={tiny_model_dir}", f"data.train_files=[{arith_data[data]}]",
                                      "trainer.device=cpu", extra])
-    check = validate_sft if schema is SFTConfig else validate_preference
     with pytest.raises(ConfigError, match=match):
-        check(cfg)
+        plan_supervised(cfg)
 
 
 @pytest.mark.parametrize("schema,data", [(SFTConfig, "sft"), (DPOConfig, "prefs"), (RMConfig, "prefs")])
@@ -123,9 +123,8 @@ def test_supervised_derived(tiny_model_dir, arith_data, schema, data):
     cfg = load_config(schema, None, [f"model.path={tiny_model_dir}", f"data.train_files=[{arith_data[data]}]",
                                      "trainer.device=cpu", "data.batch_size=8", "optim.micro_batch_size=16",
                                      "trainer.epochs=2"])
-    check = validate_sft if schema is SFTConfig else validate_preference
-    check(cfg, 100)
-    assert cfg.derived == {"device": "cpu", "micro_batch_size": 8, "total_steps": 25}
+    plan = plan_supervised(cfg).with_data(100)
+    assert plan.record() == {"device": "cpu", "micro_batch_size": 8, "total_steps": 25}
 
 
 def test_config_import_does_not_load_torch():
@@ -247,12 +246,15 @@ def test_reward_functions_malformed(functions, match):
         normalize_reward_functions(cfg.reward.functions, "reward.functions")
 
 
-def test_reward_styles_key_matches_the_styles():
-    """config.validate keeps its own copy (the config package does not import reinforge.rewards)."""
-    from reinforge.config.validate import REWARD_STYLES
-    from reinforge.rewards.styles import STYLES
+def test_reward_style_names_come_from_the_styles_registry():
+    """A forced style is checked against rewards.styles' registry (config keeps no copy of it)."""
+    from reinforge.rewards.styles import style_choices
+    from reinforge.trainers.preflight import check_reward_names
 
-    assert REWARD_STYLES == ("auto", *STYLES)
+    cfg = load_config(RLConfig, None, ["reward.functions=[{name: exact_match, style: openrlhf}]"])
+    with pytest.raises(ConfigError, match=r"reward.functions\[0\].style='openrlhf'"):
+        check_reward_names(cfg.reward, cfg.algorithm, cfg.rollout.max_response_length)
+    assert style_choices()[0] == "auto" and {"reinforge", "verl", "trl"} <= set(style_choices())
 
 
 def test_yaml_syntax_error_names_file_line_column(tmp_path):

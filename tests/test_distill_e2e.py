@@ -105,13 +105,13 @@ def test_gkd_distillation(student_dir, tiny_model_dir, arith_data, tmp_path, mon
 
 
 def test_distill_refusals(student_dir, tiny_model_dir, arith_data, tmp_path, no_model_loads):
-    from reinforge.trainers.preflight import preflight
+    from reinforge.trainers.plan import resolve
 
     def cfg(**extra):
         return load_config(RLConfig, "distill", rl_overrides(student_dir, arith_data, str(tmp_path / "r"), **extra))
 
     with pytest.raises(ConfigError, match="teacher.path is required"):
-        preflight(cfg())
+        resolve(cfg())
     other = tmp_path / "other_tok"  # the teacher with two tokens' ids swapped in its tokenizer
     other.mkdir()
     for f in ("config.json", "model.safetensors"):
@@ -121,11 +121,11 @@ def test_distill_refusals(student_dir, tiny_model_dir, arith_data, tmp_path, no_
     vocab["a"], vocab["b"] = vocab["b"], vocab["a"]
     (other / "tokenizer.json").write_text(json.dumps(tok))
     with pytest.raises(ConfigError, match="tokenizer differs from the student's"):
-        preflight(cfg(**{"teacher.path": str(other)}))
+        resolve(cfg(**{"teacher.path": str(other)}))
     with pytest.raises(ConfigError, match="teacher.mode=gkd compares whole distributions: rollout.top_k"):
-        preflight(cfg(**{"teacher.path": tiny_model_dir, "teacher.mode": "gkd", "rollout.top_k": 5}))
+        resolve(cfg(**{"teacher.path": tiny_model_dir, "teacher.mode": "gkd", "rollout.top_k": 5}))
     with pytest.raises(ConfigError, match="trainer.backend=local only"):
-        preflight(cfg(**{"teacher.path": tiny_model_dir, "trainer.backend": "ray"}))
+        resolve(cfg(**{"teacher.path": tiny_model_dir, "trainer.backend": "ray"}))
 
 
 def test_gkd_forward_matches_the_logits_path(student_dir, tiny_model_dir):

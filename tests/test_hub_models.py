@@ -83,7 +83,7 @@ def test_sft_trains_from_a_hub_id(offline, arith_data, tmp_path):
             "trainer.loggers": "[jsonl]", "trainer.progress": False}
     cfg = load_config(SFTConfig, "sft", [f"{k}={v}" for k, v in over.items()])
     trainer = SFTTrainer(cfg)
-    assert cfg.model.path == str(offline / "models--org--tiny" / "snapshots" / SHA)
+    assert trainer.cfg.model.path == str(offline / "models--org--tiny" / "snapshots" / SHA)
     trainer.fit()
     saved = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
     assert saved["derived"]["hub_ids"] == {"model.path": "org/tiny"}

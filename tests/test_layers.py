@@ -45,20 +45,7 @@ LAYERS: list[tuple[str, frozenset[str], bool]] = [
 # Upward imports known when this test was written, each removed by another part of issue 21's
 # redesign: (importing module, imported module). Removed by the integrator once H1/H3/H5 land;
 # an entry that no longer occurs fails the test too, so this list only shrinks.
-ALLOWED: set[tuple[str, str]] = {
-    # H1: config imports nothing above it
-    ("reinforge.config.validate", "reinforge.agents.parsers"),
-    ("reinforge.config.validate", "reinforge.data.hf_datasets"),
-    ("reinforge.config.validate", "reinforge.data.rl_dataset"),
-    ("reinforge.config.validate", "reinforge.rewards.judge"),
-    ("reinforge.config.validate", "reinforge.rewards.shaping"),
-    ("reinforge.config.validate", "reinforge.workers.rollout"),
-    ("reinforge.config.sft", "reinforge.data.sft"),
-    ("reinforge.config.preference", "reinforge.data.preference"),
-    # H3 (with H5's rewards/): rewards do not import workers; workers do not import agents
-    ("reinforge.rewards.judge", "reinforge.workers.rollout.hf"),
-    ("reinforge.workers.reward", "reinforge.agents.rewards"),
-}
+ALLOWED: set[tuple[str, str]] = set()  # no known upward import is left (issue 21 removed the last ones)
 
 
 def module_name(path: Path) -> str:

@@ -67,9 +67,10 @@ def test_resume_is_bit_exact(tiny_model_dir, arith_data, tmp_path):
     extra = {"trainer.total_steps": 3, "trainer.save_every": 1, "trainer.keep_last": 3,
              "trainer.val_every": 2, "trainer.export_hf": False, "actor.ppo_epochs": 2, "actor.mini_batch_size": 8}
     full = load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "a"), **extra))
-    RLTrainer(full).fit()
+    trainer = RLTrainer(full)
+    trainer.fit()
     # fit() from Python (no CLI) writes the resolved config.
-    assert load_config(RLConfig, str(tmp_path / "a" / "config.yaml")).to_dict() == full.to_dict()
+    assert load_config(RLConfig, str(tmp_path / "a" / "config.yaml")).to_dict() == trainer.cfg.to_dict()
 
     crashed = load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "b"), **extra))
     trainer = RLTrainer(crashed)

@@ -13,7 +13,7 @@ the docstring's first paragraph, and an `Args:` section's `name: text` lines des
 from __future__ import annotations
 
 import inspect
-from typing import Any, Callable, get_type_hints
+from typing import Callable, get_type_hints
 
 from reinforge.agents.base import Tool
 from reinforge.agents.calculator import calculate

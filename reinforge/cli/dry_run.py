@@ -53,20 +53,20 @@ def _steps(n: int) -> str:
     return f"{n} step" if n == 1 else f"{n} steps"
 
 
-def _skipped(cfg, key: str, limit: str) -> str:
-    n = cfg.derived.get(key, 0)
+def _skipped(n: int, limit: str) -> str:
     return f", {n} skipped (longer than {limit})" if n else ""
 
 
-def _data_lines(command: str, cfg, tok) -> list[str]:
+def _data_lines(command: str, plan, tok) -> list[str]:
     """Reads the data as the trainer of `command` does; one line per dataset."""
+    cfg = plan.cfg
     d = cfg.data
     if command == "train":
         from reinforge.trainers.rl_setup import load_data
 
-        train, val_items = load_data(cfg, tok)
+        train, val_items, skipped = load_data(plan, tok)
         lines = [f"data.train_files: {len(train)} prompts"
-                 f"{_skipped(cfg, 'skipped_prompts', f'data.max_prompt_length={d.max_prompt_length}')}; "
+                 f"{_skipped(skipped, f'data.max_prompt_length={d.max_prompt_length}')}; "
                  f"{_steps(cfg.trainer.total_steps)} of {d.train_batch_size} prompts x {cfg.rollout.n} samples"]
         if d.val_files:
             lines.append(f"data.val_files: {len(val_items)} prompts used for validation (data.max_val_samples)")
@@ -74,22 +74,18 @@ def _data_lines(command: str, cfg, tok) -> list[str]:
     if command == "sft":
         from reinforge.trainers.sft import load_sft_data
 
-        train, val = load_sft_data(cfg, tok)
+        train, val, skipped = load_sft_data(plan, tok)
         what = "packed rows" if d.packing else "rows"
-        lines = [f"data.train_files: {len(train)} {what}{_skipped(cfg, 'skipped_rows', f'data.max_length={d.max_length}')}"
-                 f"; {_steps(cfg.derived['total_steps'])} of {d.batch_size}"]
+        lines = [f"data.train_files: {len(train)} {what}{_skipped(skipped, f'data.max_length={d.max_length}')}"
+                 f"; {_steps(plan.with_data(len(train)).total_steps)} of {d.batch_size}"]
     else:
-        from reinforge.config.preference import validate_preference
-        from reinforge.trainers.preference_common import load_pairs
+        from reinforge.trainers.preference_common import load_pairs, unpaired
 
-        from reinforge.algos.preference import UNPAIRED
-
-        train, val = load_pairs(cfg, tok)
-        validate_preference(cfg, len(train))
-        unit = "labelled completions" if getattr(getattr(cfg, "dpo", None), "loss_type", None) in UNPAIRED else "pairs"
+        train, val, skipped = load_pairs(plan, tok)
+        unit = "labelled completions" if unpaired(cfg) else "pairs"
         lines = [f"data.train_files: {len(train)} training {unit}"
-                 f"{_skipped(cfg, 'skipped_rows', f'data.max_length={d.max_length}')}"
-                 f"; {_steps(cfg.derived['total_steps'])} of {d.batch_size}"]
+                 f"{_skipped(skipped, f'data.max_length={d.max_length}')}"
+                 f"; {_steps(plan.with_data(len(train)).total_steps)} of {d.batch_size}"]
     if val:
         lines.append(f"held-out: {len(val)} {'rows' if command == 'sft' else unit}")
     return lines
@@ -100,10 +96,11 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
     return the summary lines."""
     from reinforge.models.loading import load_tokenizer
     from reinforge.trainers.checkpoint import latest_checkpoint
-    from reinforge.trainers.preflight import preflight, reward_functions
+    from reinforge.trainers.plan import resolve, resolve_supervised
     from reinforge.trainers.run_dir import check_reuse
 
-    preflight(cfg)
+    plan = resolve(cfg) if command == "train" else resolve_supervised(cfg)
+    cfg = plan.cfg  # the resolved copy: Hub ids replaced by their snapshot folders
     run_dir = cfg.trainer.run_dir
     check_reuse(run_dir, bool(resume), overwrite)
     state = writable_run_dir(run_dir)
@@ -114,19 +111,19 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
         state += f"; resumes from {resume}"
     m = cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    rewards = [entry[1] for entry in reward_functions(cfg)]  # (key, spec, ...)
-    if getattr(cfg, "reward", None) is not None and cfg.reward.reward_model_path:
-        rewards.append(f"reward model {cfg.reward.reward_model_path}")
+    rewards = [spec for _, spec, _ in plan.reward_functions]  # (key, spec, style)
+    if "reward.reward_model_path" in plan.model_folders:
+        rewards.append(f"reward model {plan.model_folders['reward.reward_model_path']}")
     return [_model_line(cfg), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens",
-            *_data_lines(command, cfg, tok),
-            f"reward functions: {', '.join(rewards) if rewards else 'none'}", *_agent_lines(cfg),
-            f"trainer.run_dir={run_dir} ({state})"]
+            *_data_lines(command, plan, tok),
+            f"reward functions: {', '.join(rewards) if rewards else 'none'}",
+            *(_agent_lines(cfg) if command == "train" else []), f"trainer.run_dir={run_dir} ({state})"]
 
 
 def _agent_lines(cfg) -> list[str]:
-    """What episodes a run with rollout.max_turns > 1 plays (its tools or environment)."""
-    r = getattr(cfg, "rollout", None)
-    if r is None or r.max_turns == 1:
+    """What episodes an RL run with rollout.max_turns > 1 plays (its tools or environment)."""
+    r = cfg.rollout
+    if r.max_turns == 1:
         return []
     what = f"environment {r.env}" if r.env else f"tools {', '.join(map(str, r.tools)) or 'from the rows'} " \
                                                  f"({r.tool_parser} format)"

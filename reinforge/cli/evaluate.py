@@ -6,11 +6,12 @@ from pathlib import Path
 
 from reinforge.config.common import GenEvalConfig
 from reinforge.config.load import ConfigError
-from reinforge.config.validate import check_model_path, resolve_device
+from reinforge.config.validate import check_model_path
 from reinforge.data.hf_datasets import is_dataset_source
 from reinforge.models.checks import check_model_files, check_tokenizer_files
 from reinforge.models.hub import resolve_model_path
 from reinforge.models.loading import load_causal_lm, load_tokenizer
+from reinforge.trainers.plan import resolve_device
 from reinforge.trainers.preflight import check_reward_function
 from reinforge.trainers.validation import PromptEvaluator
 

@@ -28,19 +28,18 @@ def command_for(config: str | None, asked: str | None) -> str:
 
 
 def resolved_config(command: str, config: str | None, overrides: list[str], check: bool = True):
-    """The config object of `command` from the preset/file and overrides; with `check`, after the
-    config's own rules (ranges, names, sizes, files named exist) have filled cfg.derived. A rule's
-    error says how to see the config without them."""
+    """The config of `command` from the preset/file and overrides; with `check`, the plan the
+    config's own rules (ranges, names, sizes, files named exist) give (trainers/plan.py), whose
+    to_dict() adds the derived values under `derived:`. A rule's error says how to see the
+    config without them."""
     from reinforge.cli.main import TRAINERS, _load
 
-    from reinforge.config.preference import validate_preference
-    from reinforge.config.sft import validate_sft
-    from reinforge.config.validate import validate
+    from reinforge.trainers.plan import plan_rl, plan_supervised
 
     cfg = load_config(_load(TRAINERS[command][0]), config, overrides)
     if not check:
         return cfg
-    rules = {"train": validate, "sft": validate_sft}.get(command, validate_preference)
+    rules = plan_rl if command == "train" else plan_supervised
     try:
         return rules(cfg)
     except ConfigError as exc:

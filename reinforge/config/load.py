@@ -31,6 +31,7 @@ RENAMED = {"optim.total_steps": "trainer.total_steps", "optim.epochs": "trainer.
 
 
 TRAINING_COMMANDS = ("train", "sft", "dpo", "rm")
+DERIVED_KEY = "derived"  # the section of a written config that holds its plan's values (not read back)
 
 
 def list_presets() -> list[str]:
@@ -166,6 +167,9 @@ def load_config(schema: type[T], config: str | None = None, overrides: Sequence[
     data: dict = {}
     if config:
         data = _read_yaml(resolve_config_path(config))
+        # A run's config.yaml (and `reinforge config`) records the plan derived from the config
+        # under `derived:` (trainers/plan.py); it is an output, read back as nothing.
+        data.pop(DERIVED_KEY, None)
     data = _deep_merge(data, parse_overrides(overrides))
     _check_keys(schema, data)
     try:
@@ -177,8 +181,10 @@ def load_config(schema: type[T], config: str | None = None, overrides: Sequence[
 
 
 def save_config(cfg: Any, path: str | os.PathLike) -> None:
-    """Write the resolved config as YAML (what the run actually used)."""
+    """Write a config dataclass, or the dict of a trainer's plan (trainers/plan.py `to_dict`: the
+    resolved config and, under `derived:`, the values derived from it), as YAML: what the run
+    actually used."""
     from dataclasses import asdict
 
     Path(path).parent.mkdir(parents=True, exist_ok=True)
-    Path(path).write_text(yaml.safe_dump(asdict(cfg), sort_keys=False))
+    Path(path).write_text(yaml.safe_dump(cfg if isinstance(cfg, dict) else asdict(cfg), sort_keys=False))

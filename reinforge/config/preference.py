@@ -3,19 +3,18 @@
 Both read the same preference files (prompt/chosen/rejected, text or chat messages) and share
 the data, optim and trainer sections; the method's own knobs live under `dpo:` or `rm:`. The
 model section is the RL one, so an SFT export, a DPO run and the RL run after it read the same
-keys. `validate_preference` checks and derives in one place before any model loads.
+keys. `validate_preference` checks the values before any model loads (trainers/plan.py derives the
+run's plan from them).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, SupervisedRunConfig
 from reinforge.config.schema import ModelConfig
 from reinforge.config.ranges import check_ranges
-from reinforge.config.validate import (check_choice, check_data_files, check_model_path, need,
-                                       normalize_reward_functions, validate_supervised)
-from reinforge.data.preference import PREF_OVERLONG
+from reinforge.config.validate import check_model_path, need, normalize_reward_functions, validate_supervised
 
 REDUCTIONS = ("sum", "mean")
 
@@ -90,9 +89,9 @@ class _PrefConfig(RootConfig):
     optim: OptimConfig = field(default_factory=OptimConfig)
     """The shared optimizer section with its defaults (lr 1e-5, constant schedule)."""
     trainer: PrefTrainerConfig = field(default_factory=PrefTrainerConfig)
-    derived: dict = field(default_factory=dict)
-    """Filled by validate_preference(): values computed from the others (not for users to set)."""
 
+    model_path_keys: ClassVar[tuple[str, ...]] = ("model.path", "model.tokenizer_path")
+    """The keys that name model folders (a Hub id among them is resolved: models/hub.py)."""
 
 
 @dataclass
@@ -100,27 +99,26 @@ class DPOConfig(_PrefConfig):
     dpo: DPOParams = field(default_factory=DPOParams)
     eval: GenEvalConfig = field(default_factory=GenEvalConfig)
 
+    model_path_keys: ClassVar[tuple[str, ...]] = ("model.path", "model.tokenizer_path", "dpo.ref_model_path")
+
 
 @dataclass
 class RMConfig(_PrefConfig):
     rm: RMParams = field(default_factory=RMParams)
 
 
-def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None) -> _PrefConfig:
-    """Check `cfg` and fill `cfg.derived` (device; total_steps once the data size is known)."""
+def validate_preference(cfg: _PrefConfig) -> _PrefConfig:
+    """Check the rules about `cfg`'s values; returns it unchanged."""
     d = cfg.data
     check_ranges(cfg)
     check_model_path(cfg.model.path, "model.path")
-    others = {"data.val_files": d.val_files}
-    if isinstance(cfg, DPOConfig):
-        others["eval.prompt_files"] = cfg.eval.prompt_files
-        cfg.eval.reward_functions = normalize_reward_functions(cfg.eval.reward_functions, "eval.reward_functions")
-    check_data_files(d.train_files, others, kind="prompt/chosen/rejected file")
-    if isinstance(cfg, DPOConfig):
+    dpo = cfg if isinstance(cfg, DPOConfig) else None
+    if dpo is not None:
+        normalize_reward_functions(dpo.eval.reward_functions, "eval.reward_functions")
         from reinforge.algos.preference import (  # imports torch, as training does
             DPO_LOSS_TYPES, PAIRED_WITH_REFERENCE, REFERENCE_FREE, UNPAIRED)
 
-        p = cfg.dpo
+        p = dpo.dpo
         need(p.loss_type in DPO_LOSS_TYPES,
              f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(PAIRED_WITH_REFERENCE)}, the reference-free "
              f"{list(REFERENCE_FREE)} or the unpaired {list(UNPAIRED)}")
@@ -136,9 +134,5 @@ def validate_preference(cfg: _PrefConfig, num_train_pairs: Optional[int] = None)
              f"dpo.loss_type={p.loss_type} uses no reference model: unset dpo.ref_model_path and dpo.precompute_ref")
         if p.ref_model_path:
             check_model_path(p.ref_model_path, "dpo.ref_model_path")
-    check_choice(d.overlong, PREF_OVERLONG, "data.overlong")
-    if num_train_pairs is not None:
-        need(num_train_pairs >= d.batch_size,
-             f"only {num_train_pairs} training pairs, fewer than data.batch_size={d.batch_size}")
-    validate_supervised(cfg, num_train_pairs)
+    validate_supervised(cfg, dpo.eval if dpo is not None else None)
     return cfg

@@ -6,7 +6,7 @@ Presets (reinforge/config/presets/*.yaml) and the command line only override the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar, Optional
 
 from reinforge.config.common import AdamWConfig, RootConfig, RunConfig
 
@@ -390,6 +390,8 @@ class RLConfig(RootConfig):
     reward: RewardConfig = field(default_factory=RewardConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     teacher: TeacherConfig = field(default_factory=TeacherConfig)
-    derived: dict = field(default_factory=dict)
-    """Filled by validate(): values computed from the others (not for users to set)."""
+
+    model_path_keys: ClassVar[tuple[str, ...]] = ("model.path", "model.tokenizer_path", "critic.model_path",
+                                                  "reward.reward_model_path", "teacher.path")
+    """The keys that name model folders (a Hub id among them is resolved: models/hub.py)."""
 

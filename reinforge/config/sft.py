@@ -1,20 +1,18 @@
 """Typed configuration of supervised fine-tuning (`reinforge sft`).
 
 The model section is the RL one (reinforge.config.schema.ModelConfig), so an SFT run and the RL
-run that starts from its export read the same keys. `validate_sft` checks and derives in one
-place before any model loads.
+run that starts from its export read the same keys. `validate_sft` checks the values before any
+model loads (trainers/plan.py derives the run's plan from them).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Optional
+from typing import ClassVar
 
 from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, SupervisedRunConfig
 from reinforge.config.schema import ModelConfig
 from reinforge.config.ranges import check_ranges
-from reinforge.config.validate import (check_choice, check_data_files, check_model_path, normalize_reward_functions,
-                                       validate_supervised)
-from reinforge.data.sft import SFT_OVERLONG
+from reinforge.config.validate import check_model_path, normalize_reward_functions, validate_supervised
 
 
 @dataclass
@@ -68,17 +66,15 @@ class SFTConfig(RootConfig):
     optim: SFTOptimConfig = field(default_factory=SFTOptimConfig)
     eval: SFTEvalConfig = field(default_factory=SFTEvalConfig)
     trainer: SFTTrainerConfig = field(default_factory=SFTTrainerConfig)
-    derived: dict = field(default_factory=dict)
-    """Filled by validate_sft(): values computed from the others (not for users to set)."""
+
+    model_path_keys: ClassVar[tuple[str, ...]] = ("model.path", "model.tokenizer_path")
+    """The keys that name model folders (a Hub id among them is resolved: models/hub.py)."""
 
 
-def validate_sft(cfg: SFTConfig, num_train_examples: Optional[int] = None) -> SFTConfig:
-    """Check `cfg` and fill `cfg.derived` (device; total_steps once the data size is known)."""
-    d = cfg.data
+def validate_sft(cfg: SFTConfig) -> SFTConfig:
+    """Check the rules about `cfg`'s values; returns it unchanged."""
     check_ranges(cfg)
     check_model_path(cfg.model.path, "model.path")
-    check_data_files(d.train_files, {"data.val_files": d.val_files, "eval.prompt_files": cfg.eval.prompt_files})
-    cfg.eval.reward_functions = normalize_reward_functions(cfg.eval.reward_functions, "eval.reward_functions")
-    check_choice(d.overlong, SFT_OVERLONG, "data.overlong")
-    validate_supervised(cfg, num_train_examples)
+    normalize_reward_functions(cfg.eval.reward_functions, "eval.reward_functions")
+    validate_supervised(cfg, cfg.eval)
     return cfg

@@ -20,28 +20,30 @@ def world_size(cfg) -> int:
 
 
 class RayWorkerGroup:
-    def __init__(self, cfg, builder, make_engine=None, *, threads_per_rank: int = 1):
+    def __init__(self, plan, builder, make_engine=None, *, threads_per_rank: int = 1):
+        """`plan`: the run's RunPlan (trainers/plan.py), handed to every rank, which builds its
+        workers from it with `builder(plan, shard=...)` and its engine with `make_engine`."""
         import ray
 
         from reinforge.config.load import ConfigError
 
-        self.world = world_size(cfg)
-        batch = cfg.derived["batch_size"]
-        sizes = {"data.train_batch_size * rollout.n": batch, "actor mini-batch": cfg.derived["actor_mini_batch_size"]}
-        if cfg.derived.get("critic_enabled"):
-            sizes["critic mini-batch"] = cfg.derived["critic_mini_batch_size"]
+        self.world = world_size(plan.cfg)
+        batch = plan.batch_size
+        sizes = {"data.train_batch_size * rollout.n": batch, "actor mini-batch": plan.actor_mini_batch_size}
+        if plan.critic_enabled:
+            sizes["critic mini-batch"] = plan.critic_mini_batch_size
         for name, n in sizes.items():
             if n % self.world:
                 raise ConfigError(f"trainer.backend=ray with {self.world} ranks (nnodes * devices_per_node): "
                                   f"the {name} of {n} sequences must be divisible by {self.world}")
         if not ray.is_initialized():
             ray.init()  # joins a running cluster (ray start --head / --address) or starts a local one
-        gpu = str(cfg.derived["device"]).startswith("cuda")
+        gpu = str(plan.device).startswith("cuda")
         opts = {"num_cpus": 1, "num_gpus": 1} if gpu else {"num_cpus": threads_per_rank}
         remote = ray.remote(RankProcess)
         self.ranks = [remote.options(**opts).remote(r, self.world) for r in range(self.world)]
         addr, port = self.get([self.ranks[0].address.remote()])[0]
-        self.get([w.setup.remote(cfg, builder, make_engine, addr, port, threads_per_rank) for w in self.ranks])
+        self.get([w.setup.remote(plan, builder, make_engine, addr, port, threads_per_rank) for w in self.ranks])
 
     def get(self, refs: list) -> list:
         """ray.get that fails fast: the first error (not the first ref in order) stops the group."""

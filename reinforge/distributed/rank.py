@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import socket
+from dataclasses import replace
 from datetime import timedelta
 
 import torch
@@ -41,12 +42,13 @@ class RankProcess:
     def pid(self) -> int:
         return os.getpid()
 
-    def setup(self, cfg, builder, make_engine, addr: str, port: int, threads: int = 1) -> None:
-        """Join the process group, then build the workers with `builder(cfg, shard=...)` and the
-        generation engine with `make_engine(cfg, sharded_actor, rank, world)` (None: none).
+    def setup(self, plan, builder, make_engine, addr: str, port: int, threads: int = 1) -> None:
+        """Join the process group, then build the workers with `builder(plan, shard=...)` and the
+        generation engine with `make_engine(plan, sharded_actor, rank, world)` (None: none).
 
-        cfg is a validated RLConfig; the builders come from rl_setup (passed in, because this
-        layer sits below the trainers and must not import them)."""
+        plan is the driver's resolved RunPlan (trainers/plan.py), given this rank's device; the
+        builders come from rl_setup (passed in, because this layer sits below the trainers and
+        must not import them)."""
         cuda = torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(0)  # Ray exposes one GPU per rank as device 0
@@ -56,13 +58,13 @@ class RankProcess:
         # (metric sums, "every rank finite", micro-batch counts).
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                 world_size=self.world, timeout=timedelta(minutes=30))
-        cfg.derived["device"] = "cuda" if cuda else "cpu"
-        seed_everything(cfg.trainer.seed)  # the same on every rank: identical value-head init, shuffles
-        w = builder(cfg, shard=fsdp.shard_model)
+        plan = replace(plan, device="cuda" if cuda else "cpu")  # this rank's own plan
+        seed_everything(plan.cfg.trainer.seed)  # the same on every rank: identical value-head init, shuffles
+        w = builder(plan, shard=fsdp.shard_model)
         self.workers = {"actor": w.actor, "reference": w.reference, "critic": w.critic}
         self.models = {"actor": w.actor_model, "critic": w.critic_model}
         if make_engine is not None:
-            self.engine = make_engine(cfg, w.actor_model, self.rank, self.world)
+            self.engine = make_engine(plan, w.actor_model, self.rank, self.world)
 
     def run(self, role: str, method: str, batch, kwargs: dict):
         out = getattr(self.workers[role], method)(batch, **kwargs)

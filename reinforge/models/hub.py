@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from typing import Optional
 
 from reinforge.config.load import ConfigError
@@ -22,8 +23,6 @@ HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))
 OTHER_FORMATS = ["*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.gguf", "*.ot", "*.tflite", "*.mlmodel",
                  "*.mlpackage/*", "onnx/*", "original/*", "coreml/*"]
 PICKLED = ["*.bin", "*.pt", "*.pth"]
-MODEL_PATH_KEYS = ("model.path", "model.tokenizer_path", "critic.model_path", "reward.reward_model_path",
-                   "dpo.ref_model_path", "teacher.path")
 
 
 def split_hub_id(spec: str) -> Optional[tuple[str, Optional[str]]]:
@@ -95,17 +94,18 @@ def resolve_model_path(path: str, key: str) -> str:
                           "check the network, or give a local folder") from None
 
 
-def resolve_model_paths(cfg) -> dict[str, str]:
-    """Replace each Hub id among the config's model paths (MODEL_PATH_KEYS that the config has)
-    by its local snapshot folder, in place. Returns {dotted key: the Hub id it was}."""
-    resolved = {}
-    for key in MODEL_PATH_KEYS:
+def resolve_model_paths(cfg):
+    """`cfg` with each Hub id among its model paths (the keys its root names, `model_path_keys`)
+    replaced by the local snapshot folder: a new config, `cfg` is left as it is. Returns
+    (the new config, {dotted key: the Hub id it was})."""
+    resolved, sections = {}, {}
+    for key in cfg.model_path_keys:
         section, name = key.split(".")
-        obj = getattr(cfg, section, None)
-        value = getattr(obj, name, None) if obj is not None else None
+        obj = sections.get(section, getattr(cfg, section))
+        value = getattr(obj, name)
         if isinstance(value, str) and value:
             folder = resolve_model_path(value, key)
             if folder != value:
-                setattr(obj, name, folder)
+                sections[section] = replace(obj, **{name: folder})
                 resolved[key] = value
-    return resolved
+    return replace(cfg, **sections), resolved

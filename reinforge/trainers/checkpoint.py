@@ -260,13 +260,13 @@ def no_checkpoint(ckpt_dir: Path) -> int:
 
 class SingleModelCheckpoints:
     """save() / resume() of a one-model trainer (SFT, DPO, RM): weights, optimizer, scheduler,
-    RNG and loader position. The trainer has run_dir, step_idx, model, opt, sched, loader, cfg."""
+    RNG and loader position. The trainer has run_dir, step_idx, model, opt, sched, loader, cfg, plan."""
 
     def save(self) -> Path:
         state = {"step": self.step_idx, "rng": rng_state(), "loader": self.loader.state_dict(),
                  "optimizer": self.opt.state_dict(), "scheduler": self.sched.state_dict()}
-        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {"model": self.model}, state, self.cfg,
-                               self.cfg.trainer.keep_last)
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {"model": self.model}, state,
+                               self.plan.to_dict(), self.cfg.trainer.keep_last)
 
     def resume(self, path: str | None = None) -> int:
         """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""

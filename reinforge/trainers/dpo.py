@@ -31,6 +31,7 @@ from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.loading import load_causal_lm
 from reinforge.seeding import seed_everything
+from reinforge.trainers.plan import SupervisedPlan
 from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_inputs, pair_tensors,
                                                   unpaired_tensors)
 from reinforge.trainers.validation import PromptEvaluator
@@ -73,12 +74,13 @@ def reference_table(ref_model, pairs: PairSubset, pad_id: int, device, micro: in
     return torch.cat(rows)
 
 
-def cached_reference_logps(cfg: DPOConfig, splits: dict[str, PairSubset], pad_id: int) -> dict[str, torch.Tensor]:
+def cached_reference_logps(plan: SupervisedPlan, splits: dict[str, PairSubset], pad_id: int) -> dict[str, torch.Tensor]:
     """{split: (N, 2)} from run_dir/ref_logps.pt, computing (and saving) what is missing.
 
     The reference model is loaded only when some split is not cached, and freed right after.
     """
-    m, d = cfg.model, cfg.derived
+    cfg: DPOConfig = plan.cfg
+    m = cfg.model
     ref_path = cfg.dpo.ref_model_path or m.path
     cache_file = Path(cfg.trainer.run_dir) / "ref_logps.pt"
     cache = torch.load(cache_file, weights_only=True) if cache_file.exists() else {}
@@ -86,10 +88,10 @@ def cached_reference_logps(cfg: DPOConfig, splits: dict[str, PairSubset], pad_id
     keys = {s: f"{s}:{p.fingerprint()}:{cfg.dpo.reduction}:{ref_id}" for s, p in splits.items()}
     missing = [s for s in splits if keys[s] not in cache]
     if missing:
-        ref = load_causal_lm(ref_path, dtype=m.dtype, device=d["device"], trust_remote_code=m.trust_remote_code,
+        ref = load_causal_lm(ref_path, dtype=m.dtype, device=plan.device, trust_remote_code=m.trust_remote_code,
                              attn_implementation=m.attn_implementation, train=False)
         for s in missing:
-            cache[keys[s]] = reference_table(ref, splits[s], pad_id, d["device"], d["micro_batch_size"], m,
+            cache[keys[s]] = reference_table(ref, splits[s], pad_id, plan.device, plan.micro_batch_size, m,
                                              cfg.dpo.reduction)
         del ref
         gc.collect()
@@ -104,22 +106,22 @@ class DPOTrainer(PairTrainer):
     name = "dpo"
 
     def __init__(self, cfg: DPOConfig, train_dataset=None, eval_dataset=None):
-        m = cfg.model
         seed_everything(cfg.trainer.seed)
-        tok, train, val = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
-        kw = dict(dtype=m.dtype, device=cfg.derived["device"], trust_remote_code=m.trust_remote_code,
+        plan, tok, train, val, skipped = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
+        cfg, m = plan.cfg, plan.cfg.model  # the resolved copy
+        kw = dict(dtype=m.dtype, device=plan.device, trust_remote_code=m.trust_remote_code,
                   attn_implementation=m.attn_implementation)
         self.model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **kw)
-        self.setup(cfg, tok, train, val)
+        self.setup(plan, tok, train, val, skipped)
         self.reference, self.ref_cache = None, None
         uses_ref = cfg.dpo.loss_type not in REFERENCE_FREE  # simpo/cpo/orpo read the policy alone
         if uses_ref and cfg.dpo.precompute_ref:
             splits = {"train": train, **({"val": val} if val else {})}
-            self.ref_cache = cached_reference_logps(cfg, splits, self.pad_id)
+            self.ref_cache = cached_reference_logps(plan, splits, self.pad_id)
         elif uses_ref:
             self.reference = load_causal_lm(cfg.dpo.ref_model_path or m.path, train=False, **kw)
         if cfg.eval.prompt_files:  # greedy / sampled accuracy of the policy on RL prompts
-            self.prompt_eval = PromptEvaluator(self.model, tok, cfg.eval, device=cfg.derived["device"])
+            self.prompt_eval = PromptEvaluator(self.model, tok, cfg.eval, device=plan.device)
 
     def reference_logps(self, items: list[dict], batch: dict, split: str) -> tuple[torch.Tensor, torch.Tensor]:
         """(B,), (B,) reference log-probs of the chosen and rejected responses."""

@@ -14,6 +14,7 @@
 from __future__ import annotations
 
 import os
+from dataclasses import replace
 from typing import Any
 
 from reinforge.config.load import ConfigError
@@ -57,23 +58,25 @@ def _reward_entry(item) -> dict:
     return entry
 
 
-def python_inputs(cfg, reward_funcs=None, train_dataset=None, eval_dataset=None) -> dict[str, list[dict]]:
-    """Write the Python inputs into `cfg` (reward.functions, data.train_files, data.val_files)
-    and return the in-memory rows by the names the data keys now hold."""
+def python_inputs(cfg, reward_funcs=None, train_dataset=None, eval_dataset=None) -> tuple[Any, dict[str, list[dict]]]:
+    """A copy of `cfg` with the Python inputs written in (reward.functions, data.train_files,
+    data.val_files), and the in-memory rows by the names the data keys of the copy hold. `cfg`
+    itself is left as it is."""
     if reward_funcs is not None:
         funcs = reward_funcs if isinstance(reward_funcs, (list, tuple)) else [reward_funcs]
-        cfg.reward.functions = [_reward_entry(f) for f in funcs]
+        cfg = replace(cfg, reward=replace(cfg.reward, functions=[_reward_entry(f) for f in funcs]))
     rows: dict[str, list[dict]] = {}
+    files: dict[str, list] = {}
     for data, name, key in ((train_dataset, TRAIN_ROWS, "train_files"), (eval_dataset, EVAL_ROWS, "val_files")):
         if data is None:
             continue
         source = dataset_rows(data, name)
         if isinstance(source, str):
-            setattr(cfg.data, key, [source])
+            files[key] = [source]
         else:
             rows[name] = source
-            setattr(cfg.data, key, [name])
-    return rows
+            files[key] = [name]
+    return (replace(cfg, data=replace(cfg.data, **files)) if files else cfg), rows
 
 
 class InMemoryRows:

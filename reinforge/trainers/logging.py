@@ -275,8 +275,7 @@ def note_skipped(count: int, what: str, limit: str, policy: str) -> int:
     return count
 
 
-def skipped_metrics(cfg) -> dict[str, float]:
-    """The step-0 record of training rows the data dropped for length (cfg.derived["skipped_rows"],
-    filled when the SFT or preference data loads), if any were."""
-    n = cfg.derived.get("skipped_rows", 0)
+def skipped_metrics(n: int) -> dict[str, float]:
+    """The step-0 record of the `n` training rows the data dropped for length (counted when the
+    SFT or preference data loads), if any were."""
     return {"data/skipped_rows": float(n)} if n else {}

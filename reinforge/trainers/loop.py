@@ -12,8 +12,9 @@ at the time the last one of each kind took (logging.Eta).
 SIGTERM (Slurm, `kill`) stops the loop as Ctrl-C does, with `Terminated`, a KeyboardInterrupt;
 either signal arriving during a checkpoint save takes effect once the save is complete.
 
-A trainer provides cfg (with a `trainer` section), run_dir, step_idx, total_steps and the
-methods below; only the hooks with a default are optional.
+A trainer provides plan (trainers/plan.py: written to config.yaml), cfg (its resolved config,
+with a `trainer` section), run_dir, step_idx, total_steps and the methods below; only the hooks
+with a default are optional.
 """
 from __future__ import annotations
 
@@ -75,6 +76,7 @@ def _uninterrupted():
 
 class TrainingLoop:
     progress_desc = "train"  # the progress bar's label
+    skipped_rows = 0  # training rows the data dropped for length (SFT, DPO, RM: set when the data loads)
 
     # ---- what each trainer provides ------------------------------------------------------------
     def step(self) -> dict[str, float]:
@@ -95,7 +97,7 @@ class TrainingLoop:
     # ---- optional hooks ------------------------------------------------------------------------
     def first_metrics(self) -> dict[str, float]:
         """Logged at step 0 with the first validation (training rows the data dropped, if any)."""
-        return skipped_metrics(self.cfg)
+        return skipped_metrics(self.skipped_rows)
 
     def after_step(self) -> None:
         """Right after each step(), before validation and checkpoint."""
@@ -157,12 +159,12 @@ class TrainingLoop:
         last: dict[str, float] = {}
         try:
             check_reuse(self.run_dir, bool(resume), overwrite)
-            with sigterm_interrupts(), claim_run_dir(self.run_dir, self.cfg):
+            with sigterm_interrupts(), claim_run_dir(self.run_dir, self.plan.to_dict()):
                 if overwrite:
                     clear_previous_run(self.run_dir)
                 purge_step = self._continue(resume) if resume else None
                 logger = RunLogger(self.run_dir, list(t.loggers), self.total_steps, start_step=self.step_idx,
-                                   progress=t.progress, config=self.cfg.to_dict(), desc=self.progress_desc,
+                                   progress=t.progress, config=self.plan.to_dict(), desc=self.progress_desc,
                                    purge_step=purge_step, project_name=t.project_name,
                                    experiment_name=t.experiment_name)
                 eta = Eta(self._val_plan(), self.total_steps, self.sampled_val_cost())

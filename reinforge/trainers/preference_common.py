@@ -17,6 +17,7 @@ import torch
 from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
 from reinforge.trainers.logging import RunLogger, Timer, note_skipped
 from reinforge.trainers.loop import TrainingLoop
+from reinforge.trainers.plan import SupervisedPlan, resolve_supervised
 from reinforge.trainers.run_dir import check_writable
 from reinforge.workers.optim import make_optimizer, make_scheduler
 from reinforge.workers.update_loop import LossTerm, MiniBatch, NonFiniteGuard, Optim, chunks, run_update
@@ -44,17 +45,27 @@ class PairSubset:
         return h.hexdigest()[:16]
 
 
-def load_pairs(cfg, tokenizer, rows: dict | None = None) -> tuple[PairSubset, PairSubset | None]:
-    """Training pairs and held-out pairs (val_files, or a seeded val_fraction of the train files);
-    `rows`: datasets handed over in Python (trainers/inputs.py). For an unpaired loss (KTO) the
-    items are labelled completions instead (data.preference.UnpairedPreferenceDataset)."""
+def unpaired(cfg) -> bool:
+    """Whether the run trains on labelled completions rather than pairs (DPO with KTO's loss)."""
     from reinforge.algos.preference import UNPAIRED
+    from reinforge.config.preference import DPOConfig
+
+    return isinstance(cfg, DPOConfig) and cfg.dpo.loss_type in UNPAIRED
+
+
+def load_pairs(plan: SupervisedPlan, tokenizer) -> tuple[PairSubset, PairSubset | None, int]:
+    """Training pairs, held-out pairs (val_files, or a seeded val_fraction of the train files)
+    and how many training pairs data.overlong=skip dropped, with the datasets handed over in
+    Python (plan.rows). For an unpaired loss (KTO) the items are labelled completions instead
+    (data.preference.UnpairedPreferenceDataset). ConfigError when fewer pairs than
+    data.batch_size remain for training."""
+    from reinforge.config.validate import need
     from reinforge.data.preference import PreferenceDataset, UnpairedPreferenceDataset
     from reinforge.trainers.inputs import data_source, make_dataset
 
+    cfg, rows = plan.cfg, plan.rows
     d = cfg.data
-    unpaired = getattr(getattr(cfg, "dpo", None), "loss_type", None) in UNPAIRED
-    dataset_cls = UnpairedPreferenceDataset if unpaired else PreferenceDataset
+    dataset_cls = UnpairedPreferenceDataset if unpaired(cfg) else PreferenceDataset
 
     def read(files, what: str, key: str):
         parts = [make_dataset(dataset_cls, data_source(f, key, rows or {}), f, tokenizer, max_length=d.max_length,
@@ -63,7 +74,7 @@ def load_pairs(cfg, tokenizer, rows: dict | None = None) -> tuple[PairSubset, Pa
                                "data.overlong=skip")
         return [it for p in parts for it in p.items], skipped
 
-    train, cfg.derived["skipped_rows"] = read(d.train_files, "training pairs", "data.train_files")
+    train, skipped = read(d.train_files, "training pairs", "data.train_files")
     idx = list(range(len(train)))
     val = None
     if d.val_files:
@@ -73,29 +84,27 @@ def load_pairs(cfg, tokenizer, rows: dict | None = None) -> tuple[PairSubset, Pa
         random.Random(f"{d.seed}:val-split").shuffle(idx)
         n_val = min(max(1, int(len(idx) * d.val_fraction)), d.max_val_pairs)
         val, idx = PairSubset(train, sorted(idx[:n_val])), sorted(idx[n_val:])
-    return PairSubset(train, idx), val
+    need(len(idx) >= d.batch_size, f"only {len(idx)} training pairs, fewer than data.batch_size={d.batch_size}")
+    return PairSubset(train, idx), val, skipped
 
 
 def load_inputs(cfg, train_dataset=None, eval_dataset=None):
-    """Checked config, tokenizer, training and held-out pairs: what DPO and RM both start from.
-    The config is validated (and trainer.run_dir checked) before anything loads, and again once
-    the number of pairs is known (which fixes total_steps when it derives from epochs).
-    train_dataset / eval_dataset, for Python users: a datasets.Dataset, a list of dicts or a
-    path, in place of data.train_files / data.val_files (trainers/inputs.py)."""
+    """The plan, tokenizer, training and held-out pairs and the count of skipped training pairs:
+    what DPO and RM both start from. The plan is resolved (and trainer.run_dir checked) before
+    anything loads; the number of pairs then fixes its total_steps (when it derives from
+    epochs). `cfg` is left as it is. train_dataset / eval_dataset, for Python users: a
+    datasets.Dataset, a list of dicts or a path, in place of data.train_files / data.val_files
+    (trainers/inputs.py)."""
+    from reinforge.models.loading import load_tokenizer
     from reinforge.trainers.inputs import python_inputs
 
-    from reinforge.config.preference import validate_preference
-    from reinforge.models.loading import load_tokenizer
-    from reinforge.trainers.preflight import preflight
-
-    m = cfg.model
-    rows = python_inputs(cfg, None, train_dataset, eval_dataset)
-    preflight(cfg)  # validate_preference, the model folders' files, the eval reward functions
-    check_writable(cfg.trainer.run_dir)  # before any model loads
+    # validate_preference, the model folders' files, the eval reward functions
+    plan = resolve_supervised(*python_inputs(cfg, None, train_dataset, eval_dataset))
+    m = plan.cfg.model
+    check_writable(plan.cfg.trainer.run_dir)  # before any model loads
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    train, val = load_pairs(cfg, tok, rows)
-    validate_preference(cfg, len(train))
-    return tok, train, val
+    train, val, skipped = load_pairs(plan, tok)
+    return plan.with_data(len(train)), tok, train, val, skipped
 
 
 def pair_tensors(items: list[dict], pad_id: int, device) -> dict[str, torch.Tensor]:
@@ -119,12 +128,15 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
 
     name = "pref"
 
-    def setup(self, cfg, tokenizer, train: PairSubset, val: PairSubset | None) -> None:
-        self.cfg, self.tok, self.train, self.val = cfg, tokenizer, train, val
+    def setup(self, plan: SupervisedPlan, tokenizer, train: PairSubset, val: PairSubset | None,
+              skipped_rows: int = 0) -> None:
+        cfg = plan.cfg
+        self.plan, self.cfg, self.tok, self.train, self.val = plan, cfg, tokenizer, train, val
+        self.skipped_rows = skipped_rows
         from reinforge.data import PromptLoader
 
-        o, d = cfg.optim, cfg.derived
-        self.device, self.micro, self.total_steps = d["device"], d["micro_batch_size"], d["total_steps"]
+        o = cfg.optim
+        self.device, self.micro, self.total_steps = plan.device, plan.micro_batch_size, plan.total_steps
         self.run_dir = Path(cfg.trainer.run_dir)
         self.loader = PromptLoader(train, cfg.data.batch_size, seed=cfg.data.seed)
         self.params = [p for p in self.model.parameters() if p.requires_grad]

@@ -1,68 +1,126 @@
-"""`preflight(cfg)`: every check of a training config that builds no model. Each trainer's
-constructor runs it first, so the CLI and a Python user get the same one-line errors before any
-model loads. A failure leaves the run directory untouched.
+"""Every check of a training config that builds no model, beyond the rules about its values
+(config/validate.py): the names that live in the layers above config, and the files the plan
+names. trainers/plan.py runs them while it resolves the plan, first thing in each trainer's
+constructor, so the CLI and a Python user get the same one-line errors before any model loads.
+A failure leaves the run directory untouched.
 
-0. Hub ids among the model paths (`org/name[@revision]`) resolved to their local snapshot
-   folders, in place (reinforge.models.hub), so that every later check reads files on disk;
-1. the config's own rules: validate / validate_sft / validate_preference (ranges, names,
-   batch sizes, data files exist; fills cfg.derived);
-2. the model folders' files: config.json, safetensors headers against file sizes, tokenizer
+Names (check_rl_names, check_reward_names, check_supervised_names), with the config's rules:
+data files exist (or name a `datasets` source or rows handed over in Python), the rollout
+backend, the tool parser, the data formats' overlong policies, reward shaping and the judge.
+
+Files (check_rl_files, check_supervised_files), once the plan is derived:
+1. the model folders' files: config.json, safetensors headers against file sizes, tokenizer
    files (reinforge.models.checks; reads files only);
-3. the reward functions: each imported, checked callable in its style (reinforge, veRL, TRL);
-4. RL with LoRA: every model.lora_target_modules entry names modules of the weights (headers).
+2. the reward functions: each imported, checked callable in its style (reinforge, veRL, TRL);
+3. RL: a teacher's tokenizer against the student's, the agent loop's tools and environment
+   imported, and with LoRA every model.lora_target_modules entry naming modules of the weights.
 """
 from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Optional, Sequence
 
 from reinforge.config.load import ConfigError
-from reinforge.config.validate import check_model_path
+from reinforge.config.validate import (IN_MEMORY_PREFIX, check_choice, check_model_path, check_name, model_max_positions,
+                                       need)
 from reinforge.models.checks import check_model_files, check_tokenizer_files, missing_modules, weight_names
-from reinforge.models.hub import resolve_model_paths
+
+if TYPE_CHECKING:
+    from reinforge.trainers.plan import RunPlan, SupervisedPlan
+
+# ---- names ------------------------------------------------------------------------------------
+def check_data_files(train_files: Sequence[str], others: Optional[dict[str, Sequence[str]]] = None,
+                     kind: str = "parquet/JSONL file") -> None:
+    """data.train_files must be non-empty, and every file it and `others` ({dotted key: files})
+    list must exist."""
+    from reinforge.data.hf_datasets import is_dataset_source
+
+    need(bool(train_files), f"data.train_files is empty: give at least one {kind}")
+    for key, files in {"data.train_files": train_files, **(others or {})}.items():
+        for i, f in enumerate(files):
+            if str(f).startswith(IN_MEMORY_PREFIX):  # rows handed to the trainer in Python (trainers/inputs.py)
+                continue
+            if is_dataset_source(str(f)):  # hf://datasets/... or a save_to_disk folder (data/hf_datasets.py)
+                continue
+            need(Path(f).exists(), f"{key}[{i}]={f!r}: data file does not exist")
+            need(Path(f).is_file(), f"{key}[{i}]={f!r} is a folder; give the {kind}s in it")
 
 
-def _validate(cfg) -> None:
-    from reinforge.config.preference import validate_preference
-    from reinforge.config.schema import RLConfig
-    from reinforge.config.sft import SFTConfig, validate_sft
-    from reinforge.config.validate import validate
+def check_rl_names(cfg) -> None:
+    """An RLConfig's names that live above config: data files, rollout backend, tool parser,
+    overlong-prompt policy."""
+    from reinforge.agents.parsers import PARSERS
+    from reinforge.data.rl_dataset import OVERLONG_POLICIES
+    from reinforge.workers.rollout import check_rollout_backend  # the registry's names and capabilities
 
-    if isinstance(cfg, RLConfig):
-        validate(cfg)
-    elif isinstance(cfg, SFTConfig):
-        validate_sft(cfg)
-    else:
-        validate_preference(cfg)
-
-
-def model_folders(cfg) -> list[tuple[str, str]]:
-    """(dotted key, folder) of every model the run will load: the policy, and the critic, the
-    reward model (RL) or the DPO reference when they are set."""
-    out = {"model.path": cfg.model.path}
-    if hasattr(cfg, "critic") and cfg.derived.get("critic_enabled"):
-        out["critic.model_path"] = cfg.critic.model_path
-    if hasattr(cfg, "reward"):
-        out["reward.reward_model_path"] = cfg.reward.reward_model_path
-        out["reward.judge.model_path"] = cfg.reward.judge.model_path  # set only when `judge` is used (validate)
-    if hasattr(cfg, "dpo"):
-        out["dpo.ref_model_path"] = cfg.dpo.ref_model_path
-    if hasattr(cfg, "teacher") and cfg.derived.get("teacher_enabled"):
-        out["teacher.path"] = cfg.teacher.path
-    return [(k, v) for k, v in out.items() if v]
+    check_data_files(cfg.data.train_files, {"data.val_files": cfg.data.val_files})
+    check_rollout_backend(cfg.rollout.backend, staleness=cfg.rollout.staleness, max_turns=cfg.rollout.max_turns)
+    check_name(cfg.rollout.tool_parser, tuple(PARSERS), "rollout.tool_parser")
+    check_name(cfg.data.overlong_prompt, OVERLONG_POLICIES, "data.overlong_prompt")
 
 
-def reward_functions(cfg) -> list[tuple[str, str, str | None]]:
-    """(dotted key, spec, forced style or None) of every reward function the run may call (RL
-    reward, SFT/DPO eval)."""
-    if hasattr(cfg, "reward"):
-        return [(f"reward.functions[{i}].name", f["name"], f.get("style")) for i, f in enumerate(cfg.reward.functions)]
-    if hasattr(cfg, "eval"):
-        return [(f"eval.reward_functions[{i}].name", f["name"], f.get("style"))
-                for i, f in enumerate(cfg.eval.reward_functions)]
-    return []
+def check_supervised_names(cfg, data_kind: str, eval_prompt_files: Optional[Sequence[str]],
+                           overlong: Sequence[str]) -> None:
+    """An SFT / DPO / RM config's data files (and eval.prompt_files) and its data.overlong policy
+    (one of `overlong`, its dataset's)."""
+    others = {"data.val_files": cfg.data.val_files}
+    if eval_prompt_files is not None:
+        others["eval.prompt_files"] = eval_prompt_files
+    check_data_files(cfg.data.train_files, others, kind=data_kind)
+    check_choice(cfg.data.overlong, overlong, "data.overlong")
 
 
+def check_reward_names(rw, algo, max_response_length: int) -> None:
+    """The reward section with its functions in full form: each entry's forced style among the
+    registered ones, every shaping term's parameters (each term checks its own keys:
+    rewards/shaping.py) and the judge."""
+    from reinforge.rewards.shaping import check_shaping
+    from reinforge.rewards.styles import style_choices
+
+    for i, f in enumerate(rw.functions):
+        if "style" in f:
+            check_choice(f["style"], style_choices(), f"reward.functions[{i}].style")
+    check_shaping(rw, algo, max_response_length)
+    check_judge(rw)
+
+
+def check_judge(rw) -> None:
+    """The reward.judge section, when reward.functions names `judge`: a model folder, a mode, two
+    distinct verdicts and a template whose placeholders are known."""
+    from reinforge.rewards.judge import JUDGE_MODES, JUDGE_NAME, check_template
+
+    used = any(f["name"] == JUDGE_NAME for f in rw.functions)
+    need(not any(f["name"] == JUDGE_NAME and "style" in f for f in rw.functions),
+         f"reward.functions: the '{JUDGE_NAME}' entry takes no style (it is called as a batched reinforge function)")
+    j = rw.judge
+    if not used:
+        need(not j.model_path, f"reward.judge.model_path is set but no reward.functions entry is "
+                               f"'{JUDGE_NAME}': add {{name: {JUDGE_NAME}, weight: 1.0}} to use the judge")
+        return
+    need(bool(j.model_path), f"reward.functions names '{JUDGE_NAME}': set reward.judge.model_path to the "
+                             "judge's causal-LM folder")
+    check_model_path(j.model_path, "reward.judge.model_path")
+    check_choice(j.mode, JUDGE_MODES, "reward.judge.mode")
+    verdicts = list(j.verdicts)
+    need(not any(isinstance(v, bool) for v in verdicts),
+         f"reward.judge.verdicts={verdicts!r}: YAML reads Yes/No/On/Off as booleans; quote the verdicts, "
+         """e.g. 'reward.judge.verdicts=["Yes", "No"]'""")
+    need(len(verdicts) == 2 and all(isinstance(v, str) and v for v in verdicts) and verdicts[0] != verdicts[1],
+         f"reward.judge.verdicts={verdicts!r}: give two different non-empty strings, [positive, negative]")
+    try:
+        check_template(j.template)
+    except ValueError as exc:
+        raise ConfigError(f"reward.judge.template: {exc}") from None
+    max_pos = model_max_positions(j.model_path)
+    new = j.max_new_tokens if j.mode == "generate" else 0
+    longest = (j.max_length or 1) + new  # max_length 0: whatever the judge's positions leave, at least 1
+    need(max_pos is None or longest <= max_pos,
+         f"reward.judge.max_length + reward.judge.max_new_tokens = {longest} exceeds the judge's "
+         f"max_position_embeddings = {max_pos}")
+
+
+# ---- files ------------------------------------------------------------------------------------
 def check_reward_function(spec: str, key: str, style: str | None = None) -> None:
     """Import reward function `spec` and check that it can be called in its style (`style`
     forces one); ConfigError naming `key` if not."""
@@ -78,7 +136,7 @@ def check_lora_targets(cfg) -> None:
     """RL with LoRA: each target module exists in model.path (read from the safetensors
     headers), so a typo fails here rather than in PEFT after the model has loaded."""
     m = cfg.model
-    if not hasattr(cfg, "actor") or m.lora_rank == 0 or list(m.lora_target_modules) == ["all-linear"]:
+    if m.lora_rank == 0 or list(m.lora_target_modules) == ["all-linear"]:
         return
     names = weight_names(m.path)
     missing = missing_modules(names, list(m.lora_target_modules)) if names is not None else []
@@ -125,15 +183,9 @@ def check_teacher_vocab(cfg) -> None:
                           f"(teacher.path={t.path!r}) differs from the student's {sizes[0]} (model.path)")
 
 
-def preflight(cfg):
-    """Check `cfg` (RL, SFT, DPO or RM) and every file it names without building a model;
-    raises ConfigError, DataError or ModelLoadError. Returns the same (validated) config."""
-    hub_ids = resolve_model_paths(cfg)
-    _validate(cfg)
-    if hub_ids:  # recorded in config.yaml next to the snapshot folders that replaced them
-        cfg.derived["hub_ids"] = hub_ids
-    folders = model_folders(cfg)
-    for key, folder in folders:
+def check_models(cfg, folders: dict) -> None:
+    """Each model folder the plan names ({dotted key: folder}) and the tokenizers the run reads."""
+    for key, folder in folders.items():
         check_model_path(folder, key)
         check_model_files(folder, key)
     m = cfg.model
@@ -143,16 +195,31 @@ def preflight(cfg):
         check_tokenizer_files(m.path, "model.path", m.trust_remote_code,
                               fix="copy the tokenizer files into it or set model.tokenizer_path")
     for key in ("reward.reward_model_path", "reward.judge.model_path"):
-        if dict(folders).get(key):  # the reward model and the judge read text with their own tokenizers
-            check_tokenizer_files(dict(folders)[key], key)
-    if "teacher.path" in dict(folders):
+        if folders.get(key):  # the reward model and the judge read text with their own tokenizers
+            check_tokenizer_files(folders[key], key)
+
+
+def check_rl_files(plan: RunPlan) -> None:
+    """Every file an RL plan names, without building a model; raises ConfigError, DataError or
+    ModelLoadError."""
+    cfg = plan.cfg
+    check_models(cfg, plan.model_folders)
+    if plan.teacher_enabled:
         check_teacher_vocab(cfg)
-    for key, spec, style in reward_functions(cfg):
-        if not (hasattr(cfg, "reward") and spec == "judge"):  # the judge: reward.judge, checked above
+    from reinforge.rewards.judge import JUDGE_NAME
+
+    for key, spec, style in plan.reward_functions:
+        if spec != JUDGE_NAME:  # the judge: reward.judge, checked with the names (check_judge)
             check_reward_function(spec, key, style)
-    if hasattr(cfg, "rollout") and cfg.rollout.max_turns > 1:
+    if cfg.rollout.max_turns > 1:
         from reinforge.agents.loop import agent_parts
 
         agent_parts(cfg.rollout)  # every tool and the environment imported (ConfigError naming the key)
     check_lora_targets(cfg)
-    return cfg
+
+
+def check_supervised_files(plan: SupervisedPlan) -> None:
+    """Every file an SFT / DPO / RM plan names, without building a model."""
+    check_models(plan.cfg, plan.model_folders)
+    for key, spec, style in plan.reward_functions:
+        check_reward_function(spec, key, style)

@@ -32,10 +32,10 @@ from reinforge.trainers.loop import TrainingLoop
 from reinforge.trainers.metrics import batch_metrics, sample_rows
 from reinforge.trainers.perf import StageTimer, matmul_params, matmul_peak_flops, rl_step_flops
 from reinforge.trainers.inputs import python_inputs
+from reinforge.trainers.plan import resolve
 from reinforge.trainers.rl_setup import build_components
 from reinforge.trainers.state import TrainerState
 from reinforge.trainers.validation import prompts_batch, val_progress, validate
-from reinforge.workers.actor import on_policy_update
 from reinforge.workers.role import TrainedRole
 
 
@@ -44,17 +44,18 @@ class RLTrainer(TrainingLoop):
         """`cfg`: an RLConfig (RLConfig.from_preset("grpo", ...)). The other arguments, for Python
         users, replace reward.functions, data.train_files and data.val_files: reward callables
         in any style, and a datasets.Dataset, a list of dicts or a path (trainers/inputs.py)."""
-        self.cfg = cfg
         seed_everything(cfg.trainer.seed)
-        c = build_components(cfg, python_inputs(cfg, reward_funcs, train_dataset, eval_dataset))
+        self.plan = resolve(*python_inputs(cfg, reward_funcs, train_dataset, eval_dataset))  # cfg is left as it is
+        self.cfg = cfg = self.plan.cfg  # the resolved copy
+        c = build_components(self.plan)
         self.tok, self.actor_model, self.critic_model = c.tokenizer, c.actor_model, c.critic_model
         self.rollout, self.reward, self.actor = c.rollout, c.reward, c.actor
         self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl
         self.teacher = c.teacher
-        self.loader, self.val_items = c.loader, c.val_items
+        self.loader, self.val_items, self.skipped_prompts = c.loader, c.val_items, c.skipped_prompts
         self.run_dir = Path(cfg.trainer.run_dir)
         weight = next(self.actor_model.parameters())  # on the meta device with trainer.backend=ray
-        self.device = str(weight.device) if weight.device.type != "meta" else cfg.derived["device"]
+        self.device = str(weight.device) if weight.device.type != "meta" else self.plan.device
         # perf/mfu's peak is measured in the dtype the matmuls run in
         self.matmul_dtype = torch.bfloat16 if cfg.model.autocast == "bf16" else weight.dtype
         self.timer, self.step_idx, self.next_uid = StageTimer(self.device), 0, 0
@@ -63,10 +64,6 @@ class RLTrainer(TrainingLoop):
         self.producer, self.resume_offset = None, 0
         self.n_params = (matmul_params(self.actor_model),
                          matmul_params(self.critic_model) if self.critic_model is not None else 0)
-        d = cfg.derived  # on-policy: the update's own forward gives the old log-probs (workers/actor.py);
-        # KL in the reward and distillation read them before the update
-        self.on_policy = not (cfg.algorithm.use_kl_in_reward or d["teacher_enabled"]) and on_policy_update(
-            self.actor_model, cfg.actor.ppo_epochs, d["actor_mini_batch_size"], d["batch_size"])
 
     # ---- one step -------------------------------------------------------------------------
     def _rollout_round(self) -> tuple[Batch, RewardResult]:
@@ -120,7 +117,7 @@ class RLTrainer(TrainingLoop):
         # a frozen actor has no update pass to report entropy; the optimal token baseline reads pi
         # and sum pi^2 before the update (truncated IS, tis_cap: an on-policy update weights from its own pass)
         token_stats = cfg.algorithm.adv_estimator in NEEDS_TOKEN_STATS
-        if not self.on_policy or self.actor_frozen or token_stats:
+        if not self.plan.on_policy or self.actor_frozen or token_stats:
             with self.timer("old_log_prob"):
                 batch = batch | self.actor.log_probs(batch, with_sum_pi_squared=token_stats)
         if self.reference is not None:
@@ -194,7 +191,7 @@ class RLTrainer(TrainingLoop):
         return self.cfg.trainer.total_steps
 
     def first_metrics(self) -> dict[str, float]:
-        return {"data/skipped_prompts": float(self.cfg.derived.get("skipped_prompts", 0))}
+        return {"data/skipped_prompts": float(self.skipped_prompts)}
 
     def after_step(self) -> None:
         if self.producer is not None:  # also after a skipped step, so versions count steps
@@ -228,7 +225,7 @@ class RLTrainer(TrainingLoop):
             start = self.producer.resume_point()
             state.loader, state.next_uid, state.async_offset = start.loader_state, start.uid, start.offset
         # each role writes its files into the temporary folder and returns its entry of the state
-        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {}, state.to_dict(), self.cfg,
+        return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {}, state.to_dict(), self.plan.to_dict(),
                                self.cfg.trainer.keep_last,
                                writers=(lambda tmp: {n: r.save(tmp) for n, r in self._roles().items()},))
 

@@ -1,10 +1,10 @@
-"""Build everything an RL run needs from a validated config: tokenizer, models, data, workers.
+"""Build everything an RL run needs from its plan (trainers/plan.py): tokenizer, models, data, workers.
 
 Kept apart from the step so that the trainer file stays the loop and nothing else.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from reinforge.algos.kl import make_kl_controller
@@ -12,7 +12,7 @@ from reinforge.config.load import ConfigError
 from reinforge.config.schema import RLConfig
 from reinforge.models.loading import load_causal_lm, load_critic, load_tokenizer
 from reinforge.trainers.logging import note_skipped
-from reinforge.trainers.preflight import preflight
+from reinforge.trainers.plan import RunPlan
 from reinforge.trainers.run_dir import check_writable
 from reinforge.workers.actor import ActorWorker
 from reinforge.workers.critic import CriticWorker
@@ -34,6 +34,7 @@ class Components:
     loader: Any
     val_items: list
     teacher: ReferenceWorker | None = None  # on-policy distillation (teacher.coef > 0)
+    skipped_prompts: int = 0  # training prompts data.overlong_prompt=skip dropped
 
 
 class ConcatDataset:
@@ -93,17 +94,17 @@ class Workers:
     critic: CriticWorker | None
 
 
-def _model_kwargs(cfg: RLConfig) -> dict:
-    m = cfg.model
-    return dict(dtype=m.dtype, device=cfg.derived["device"], trust_remote_code=m.trust_remote_code,
+def _model_kwargs(plan: RunPlan) -> dict:
+    m = plan.cfg.model
+    return dict(dtype=m.dtype, device=plan.device, trust_remote_code=m.trust_remote_code,
                 attn_implementation=m.attn_implementation)
 
 
-def load_actor_model(cfg: RLConfig, *, train: bool = True):
+def load_actor_model(plan: RunPlan, *, train: bool = True):
     """The actor's causal LM, wrapped with a LoRA adapter when model.lora_rank > 0. train=False:
     a frozen copy for generation (eval mode, no gradients, no gradient checkpointing: use_cache stays on)."""
-    m = cfg.model
-    model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, train=train, **_model_kwargs(cfg))
+    m = plan.cfg.model
+    model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, train=train, **_model_kwargs(plan))
     if m.lora_rank > 0:
         from reinforge.models.lora import apply_lora
 
@@ -111,79 +112,75 @@ def load_actor_model(cfg: RLConfig, *, train: bool = True):
     return model if train else model.requires_grad_(False)
 
 
-def build_workers(cfg: RLConfig, shard=None) -> Workers:
+def build_workers(plan: RunPlan, shard=None) -> Workers:
     """Models and the workers that train or score with them. `shard` (FSDP2's, in a Ray rank)
     is applied to each model before its optimizer is made; None in a local run."""
-    d, m, t = cfg.derived, cfg.model, cfg.trainer
+    cfg = plan.cfg
+    m, t = cfg.model, cfg.trainer
     shard = shard or (lambda model: model)
-    actor_model = shard(load_actor_model(cfg))
-    # until the run plan (trainers/plan.py) carries them: on-policy exactly when the trainer skips the
-    # old-log-prob pass (trainers/rl.py), truncated IS with vLLM or an asynchronous rollout
-    from reinforge.algos.advantages import NEEDS_TOKEN_STATS
-    from reinforge.workers.actor import on_policy_update
-
-    on_policy = not (cfg.algorithm.use_kl_in_reward or d["teacher_enabled"]
-                     or cfg.algorithm.adv_estimator in NEEDS_TOKEN_STATS) and on_policy_update(
-        actor_model, cfg.actor.ppo_epochs, d["actor_mini_batch_size"], d["batch_size"])
-    tis_cap = cfg.rollout.tis_cap if cfg.rollout.backend == "vllm" or cfg.rollout.staleness > 0 else None
-    actor = ActorWorker(actor_model, cfg.actor, m, total_steps=t.total_steps, mini_batch_size=d["actor_mini_batch_size"],
-                        micro_batch_size=d["actor_micro_batch_size"], loss_norm_const=d["loss_norm_const"], seed=t.seed,
-                        on_policy=on_policy, tis_cap=tis_cap)
+    actor_model = shard(load_actor_model(plan))
+    actor = ActorWorker(actor_model, cfg.actor, m, total_steps=t.total_steps,
+                        mini_batch_size=plan.actor_mini_batch_size, micro_batch_size=plan.actor_micro_batch_size,
+                        loss_norm_const=plan.loss_norm_const, seed=t.seed,
+                        on_policy=plan.on_policy, tis_cap=plan.tis_cap)
     reference = None
-    if d["reference_enabled"]:
+    if plan.reference_enabled:
         # With LoRA the reference is the actor with its adapter disabled: no second copy.
-        ref_model = actor_model if m.lora_rank > 0 else shard(load_causal_lm(m.path, train=False, **_model_kwargs(cfg)))
-        reference = ReferenceWorker(ref_model, m, d["actor_micro_batch_size"], cfg.actor.max_tokens_per_micro_batch)
+        ref_model = actor_model if m.lora_rank > 0 else \
+            shard(load_causal_lm(m.path, train=False, **_model_kwargs(plan)))
+        reference = ReferenceWorker(ref_model, m, plan.actor_micro_batch_size, cfg.actor.max_tokens_per_micro_batch)
     critic_model = critic = None
-    if d["critic_enabled"]:
+    if plan.critic_enabled:
         critic_model = shard(load_critic(cfg.critic.model_path or m.path, gradient_checkpointing=m.gradient_checkpointing,
-                                         reinit_head=cfg.critic.reinit_head, **_model_kwargs(cfg)))
+                                         reinit_head=cfg.critic.reinit_head, **_model_kwargs(plan)))
         critic = CriticWorker(critic_model, cfg.critic, total_steps=t.total_steps,
-                              mini_batch_size=d["critic_mini_batch_size"],
-                              micro_batch_size=d["critic_micro_batch_size"], seed=t.seed, use_packing=m.use_packing)
+                              mini_batch_size=plan.critic_mini_batch_size,
+                              micro_batch_size=plan.critic_micro_batch_size, seed=t.seed, use_packing=m.use_packing)
     return Workers(actor_model, actor, reference, critic_model, critic)
 
 
-def make_teacher(cfg: RLConfig, actor) -> ReferenceWorker:
+def make_teacher(plan: RunPlan, actor) -> ReferenceWorker:
     """The distillation teacher: a frozen model scoring the student's tokens exactly as the
     reference does (a second ReferenceWorker, another model folder), in this process. With
     teacher.mode=gkd the actor's loss also reads its whole distributions (workers/gkd.py)."""
     from reinforge.workers.gkd import GKDTerm
 
-    model = load_causal_lm(cfg.teacher.path, train=False, **_model_kwargs(cfg))
+    cfg = plan.cfg
+    model = load_causal_lm(cfg.teacher.path, train=False, **_model_kwargs(plan))
     if cfg.teacher.mode == "gkd":
         actor.gkd = GKDTerm(model, cfg.teacher.beta, cfg.teacher.coef)
-    return ReferenceWorker(model, cfg.model, cfg.derived["actor_micro_batch_size"], cfg.actor.max_tokens_per_micro_batch)
+    return ReferenceWorker(model, cfg.model, plan.actor_micro_batch_size, cfg.actor.max_tokens_per_micro_batch)
 
 
-def build_rank_engine(cfg: RLConfig, actor_model, rank: int, world: int):
+def build_rank_engine(plan: RunPlan, actor_model, rank: int, world: int):
     """A Ray rank's generation engine (reinforge.distributed.engine): an own_weights backend (vLLM)
     on the rank's GPU, fed from `actor_model`'s FSDP2 shards, or the lean/hf rollout on an
     unsharded frozen copy."""
     from reinforge.distributed.engine import RankEngine, rank_engine_kw
     from reinforge.workers.rollout import rollout_capabilities
 
+    cfg = plan.cfg
     m = cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     if rollout_capabilities(cfg.rollout.backend).own_weights:  # its own weights, streamed from the shards
         return RankEngine(make_rollout(cfg, actor_model, tok, **rank_engine_kw(rank, world)))
-    dense = load_actor_model(cfg, train=False)
+    dense = load_actor_model(plan, train=False)
     return RankEngine(make_rollout(cfg, dense, tok), dense)
 
 
-def model_skeleton(cfg: RLConfig, critic: bool = False):
+def model_skeleton(plan: RunPlan, critic: bool = False):
     """The actor's (or critic's) modules and parameter shapes on the meta device, without
-    weights: what the driver of a Ray run keeps, to count FLOPs and look for dropout."""
+    weights: what the driver of a Ray run keeps, to count FLOPs."""
     import torch
     from transformers import AutoConfig, AutoModelForCausalLM, AutoModelForTokenClassification
 
-    from reinforge.models.hub import resolve_model_path
     from reinforge.models.loading import resolve_dtype
 
+    cfg = plan.cfg
     m = cfg.model
-    path = resolve_model_path(cfg.critic.model_path or m.path if critic else m.path, "model path")
+    path = cfg.critic.model_path or m.path if critic else m.path  # folders: the plan resolved Hub ids
     config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code, local_files_only=True)
-    dtype = resolve_dtype(m.dtype, cfg.derived["device"])
+    dtype = resolve_dtype(m.dtype, plan.device)
     with torch.device("meta"):
         if critic:
             config.num_labels = 1
@@ -196,59 +193,61 @@ def model_skeleton(cfg: RLConfig, critic: bool = False):
     return model
 
 
-def build_ray_workers(cfg: RLConfig) -> tuple[Workers, Any]:
+def build_ray_workers(plan: RunPlan) -> tuple[Workers, Any]:
     """trainer.backend=ray: the workers and the generation engines live in a group of Ray actors
     (reinforge.distributed); the driver keeps weightless skeletons of the trained models."""
     from reinforge.distributed.group import RayWorkerGroup
     from reinforge.distributed.proxies import ActorProxy, CriticProxy, ReferenceProxy
 
-    group = RayWorkerGroup(cfg, build_workers, build_rank_engine)
-    critic = cfg.derived["critic_enabled"]
-    w = Workers(model_skeleton(cfg), ActorProxy(group),
-                ReferenceProxy(group) if cfg.derived["reference_enabled"] else None,
-                model_skeleton(cfg, critic=True) if critic else None, CriticProxy(group) if critic else None)
+    # the ranks build workers and engines, never read data: the rows handed over in Python stay here
+    group = RayWorkerGroup(replace(plan, rows={}), build_workers, build_rank_engine)
+    critic = plan.critic_enabled
+    w = Workers(model_skeleton(plan), ActorProxy(group), ReferenceProxy(group) if plan.reference_enabled else None,
+                model_skeleton(plan, critic=True) if critic else None, CriticProxy(group) if critic else None)
     return w, group
 
 
-def load_data(cfg: RLConfig, tok, rows: dict | None = None) -> tuple[Any, list]:
-    """The training prompts and the validation items (the first data.max_val_samples), read and
-    tokenized with the length rules; skipped prompts counted in cfg.derived. `reinforge train
-    --dry-run` stops after this. `rows`: datasets handed over in Python (trainers/inputs.py)."""
+def load_data(plan: RunPlan, tok) -> tuple[Any, list, int]:
+    """The training prompts, the validation items (the first data.max_val_samples) and how many
+    training prompts data.overlong_prompt=skip dropped, read and tokenized with the length rules
+    (with the datasets handed over in Python: plan.rows). `reinforge train --dry-run` stops after this."""
+    cfg, rows = plan.cfg, plan.rows
     train = load_prompts(list(cfg.data.train_files), tok, cfg, rows)
     if len(train) < cfg.data.train_batch_size:
         raise ConfigError(f"data.train_files hold {len(train)} usable prompts, fewer than "
                          f"data.train_batch_size={cfg.data.train_batch_size}")
-    cfg.derived["skipped_prompts"] = note_skipped(
-        sum(getattr(p, "num_skipped", 0) for p in getattr(train, "parts", [train])), "training prompts",
-        f"data.max_prompt_length={cfg.data.max_prompt_length}", "data.overlong_prompt=skip")
+    parts = train.parts if isinstance(train, ConcatDataset) else [train]
+    skipped = note_skipped(sum(p.num_skipped for p in parts), "training prompts",
+                           f"data.max_prompt_length={cfg.data.max_prompt_length}", "data.overlong_prompt=skip")
     val_items = []
     if cfg.data.val_files:
         val = load_prompts(list(cfg.data.val_files), tok, cfg, rows, "data.val_files")
         val_items = [val[i] for i in range(min(len(val), cfg.data.max_val_samples))]
-    return train, val_items
+    return train, val_items, skipped
 
 
-def build_components(cfg: RLConfig, rows: dict | None = None) -> Components:
+def build_components(plan: RunPlan) -> Components:
+    """Everything the RL trainer holds, built from its plan (resolved and checked: trainers/plan.py)."""
     from reinforge.data import PromptLoader
 
-    preflight(cfg)  # validate, the model folders' files, the reward functions
+    cfg = plan.cfg
     check_writable(cfg.trainer.run_dir)  # before any model loads
-    device, m = cfg.derived["device"], cfg.model
+    device, m = plan.device, cfg.model
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    train, val_items = load_data(cfg, tok, rows)
+    train, val_items, skipped = load_data(plan, tok)
     if cfg.trainer.backend == "ray":
-        w, group = build_ray_workers(cfg)
+        w, group = build_ray_workers(plan)
         from reinforge.distributed.proxies import RankRollout
 
         rollout = RankRollout(group, w.actor)  # generation on the ranks: the driver holds no weights
     else:
-        w = build_workers(cfg)
+        w = build_workers(plan)
         rollout = make_rollout(cfg, w.actor_model, tok)
     a = cfg.algorithm
     kl_ctrl = make_kl_controller(a.kl_ctrl, a.kl_coef, target_kl=a.target_kl, horizon=a.kl_horizon) \
         if a.use_kl_in_reward else None
     reward = RewardWorker(tok, cfg.reward, a, max_response_length=cfg.rollout.max_response_length, device=device)
-    teacher = make_teacher(cfg, w.actor) if cfg.derived["teacher_enabled"] else None
+    teacher = make_teacher(plan, w.actor) if plan.teacher_enabled else None
     return Components(tok, w.actor_model, w.critic_model, rollout, reward, w.actor, w.reference,
                       w.critic, kl_ctrl, PromptLoader(train, cfg.data.train_batch_size, seed=cfg.data.seed), val_items,
-                      teacher)
+                      teacher, skipped)

@@ -45,11 +45,11 @@ class RMTrainer(PairTrainer):
     name = "rm"
 
     def __init__(self, cfg: RMConfig, train_dataset=None, eval_dataset=None):
-        m = cfg.model
         seed_everything(cfg.trainer.seed)  # before the model: the new score head is drawn at random
-        tok, train, val = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
-        self.model = load_rm_for_training(m.path, tok, m, cfg.derived["device"])
-        self.setup(cfg, tok, train, val)
+        plan, tok, train, val, skipped = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
+        m = plan.cfg.model  # the resolved copy
+        self.model = load_rm_for_training(m.path, tok, m, plan.device)
+        self.setup(plan, tok, train, val, skipped)
 
     def export(self):
         # Recorded so that a scorer can read the score where it was trained (after EOS or not).

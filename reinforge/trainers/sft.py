@@ -19,12 +19,13 @@ from pathlib import Path
 
 import torch
 
-from reinforge.config.sft import SFTConfig, validate_sft
+from reinforge.config.sft import SFTConfig
 from reinforge.models.forward import position_ids_from_mask, target_logprobs
 from reinforge.seeding import seed_everything
 from reinforge.trainers.checkpoint import SingleModelCheckpoints, export_hf
 from reinforge.trainers.logging import Timer, note_skipped
 from reinforge.trainers.loop import TrainingLoop
+from reinforge.trainers.plan import SupervisedPlan, resolve_supervised
 from reinforge.trainers.run_dir import check_writable
 from reinforge.trainers.validation import PromptEvaluator
 from reinforge.workers.optim import make_optimizer, make_scheduler
@@ -79,15 +80,16 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
             "attention_mask": mask4d[:, None]}
 
 
-def load_sft_data(cfg: SFTConfig, tok, rows: dict | None = None) -> tuple[list[dict], list[dict]]:
-    """Training rows (packed when data.packing) and held-out rows (unpacked: the validation loss
-    is per example), read and tokenized with the length rules; then validate_sft with the number
-    of rows fixes cfg.derived["total_steps"]. `reinforge sft --dry-run` stops after this.
-    `rows`: datasets handed over in Python (trainers/inputs.py)."""
+def load_sft_data(plan: SupervisedPlan, tok) -> tuple[list[dict], list[dict], int]:
+    """Training rows (packed when data.packing), held-out rows (unpacked: the validation loss is
+    per example) and how many training rows data.overlong=skip dropped, read and tokenized with
+    the length rules (with the datasets handed over in Python: plan.rows); the number of
+    training rows fixes the plan's total_steps (`plan.with_data`). `reinforge sft --dry-run`
+    stops after this."""
     from reinforge.data import SFTDataset
     from reinforge.trainers.inputs import data_source, make_dataset
 
-    d = cfg.data
+    d, rows = plan.cfg.data, plan.rows
 
     def load(files: list, what: str, key: str) -> tuple[list[dict], int]:
         parts = [make_dataset(SFTDataset, data_source(f, key, rows or {}), f, tok, max_length=d.max_length,
@@ -96,12 +98,11 @@ def load_sft_data(cfg: SFTConfig, tok, rows: dict | None = None) -> tuple[list[d
                                "data.overlong=skip")
         return [it for p in parts for it in p], skipped
 
-    train, cfg.derived["skipped_rows"] = load(d.train_files, "training rows", "data.train_files")
+    train, skipped = load(d.train_files, "training rows", "data.train_files")
     # Packing happens once, in file order; the loader then shuffles whole packed rows.
     train_rows = pack_examples(train, d.max_length) if d.packing else train
     val_rows, _ = load(d.val_files, "held-out rows", "data.val_files")
-    validate_sft(cfg, len(train_rows))
-    return train_rows, val_rows
+    return train_rows, val_rows, skipped
 
 
 # ---- the trainer --------------------------------------------------------------------------------
@@ -114,17 +115,18 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         from reinforge.data import PromptLoader  # a seeded, resumable order
         from reinforge.models.loading import load_causal_lm, load_tokenizer
         from reinforge.trainers.inputs import python_inputs
-        from reinforge.trainers.preflight import preflight
 
-        self.cfg, m, d = cfg, cfg.model, cfg.data
-        rows = python_inputs(cfg, None, train_dataset, eval_dataset)
-        preflight(cfg)  # validate_sft, the model folder's files, the eval reward functions
+        # validate_sft, the model folder's files, the eval reward functions; cfg is left as it is
+        plan = resolve_supervised(*python_inputs(cfg, None, train_dataset, eval_dataset))
+        self.cfg = cfg = plan.cfg  # the resolved copy
+        m, d = cfg.model, cfg.data
         check_writable(cfg.trainer.run_dir)  # before any model loads
         seed_everything(cfg.trainer.seed)
-        self.device = cfg.derived["device"]
+        self.device = plan.device
         self.tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-        self.train_rows, self.val_rows = load_sft_data(cfg, self.tok, rows)
-        self.total_steps = cfg.derived["total_steps"]  # trainer.total_steps, or derived from trainer.epochs
+        self.train_rows, self.val_rows, self.skipped_rows = load_sft_data(plan, self.tok)
+        self.plan = plan.with_data(len(self.train_rows))
+        self.total_steps = self.plan.total_steps  # trainer.total_steps, or derived from trainer.epochs
         self.loader = PromptLoader(self.train_rows, min(d.batch_size, len(self.train_rows)), seed=d.seed)
         self.model = load_causal_lm(m.path, dtype=m.dtype, device=self.device, trust_remote_code=m.trust_remote_code,
                                     attn_implementation=m.attn_implementation,
@@ -151,7 +153,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         n_tokens = sum(sum(r["loss_mask"][1:]) for r in rows)  # the batch's token-mean denominator
         self.model.train()
         micros = ((self._to_device(collate_rows(part, self.tok.pad_token_id)), len(part) / len(rows))
-                  for part in chunks(rows, self.cfg.derived["micro_batch_size"]))
+                  for part in chunks(rows, self.plan.micro_batch_size))
         res = run_update([MiniBatch(max(n_tokens, 1), micros)], [LossTerm("loss", 1.0, self._nll)],
                          optim=self.optim)  # a skipped step is logged; several in a row stop the run
         lr = self.sched.get_last_lr()[0]
@@ -172,7 +174,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         was = self.model.training
         self.model.eval()
         total, count = 0.0, 0
-        for part in chunks(self.val_rows, self.cfg.derived["micro_batch_size"]):
+        for part in chunks(self.val_rows, self.plan.micro_batch_size):
             logp = target_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)),
                                    self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
             total, count = total - float(logp.sum()), count + logp.numel()

@@ -11,7 +11,7 @@ from reinforge.config.schema import AlgorithmConfig, RewardConfig, RLConfig
 from reinforge.protocol import Batch
 from reinforge.rewards import RewardError, RewardManager
 from reinforge.tasks import build_char_tokenizer
-from reinforge.trainers.preflight import preflight
+from reinforge.trainers.plan import resolve
 from reinforge.workers.reward import RewardWorker
 
 TRAJ = [{"turns": 2, "turn_ends": [1, 5], "turn_rewards": [0.5, 0.0]},
@@ -102,7 +102,7 @@ def test_agent_config_errors(tiny_model_dir, arith_data, tmp_path, overrides, ne
             f"trainer.run_dir={tmp_path}", "reward.functions=[auto]", "data.max_prompt_length=8",
             "rollout.max_response_length=16"]
     with pytest.raises(ConfigError) as err:
-        preflight(load_config(RLConfig, "grpo", base + overrides))
+        resolve(load_config(RLConfig, "grpo", base + overrides))
     assert needle in str(err.value)
 
 

@@ -12,7 +12,7 @@ ray = pytest.importorskip("ray")
 
 from reinforge.config.load import load_config  # noqa: E402
 from reinforge.config.schema import RLConfig  # noqa: E402
-from reinforge.config.validate import validate  # noqa: E402
+from reinforge.trainers.plan import plan_rl  # noqa: E402
 from reinforge.seeding import seed_everything  # noqa: E402
 from tests.conftest import ragged_batch, rl_overrides  # noqa: E402
 from tests.distributed.test_ray_group import _full_state  # noqa: E402  (sent to the ranks by value)
@@ -47,13 +47,14 @@ def test_rank_rollouts_equal_one_process(ray_cluster, tiny_model_dir, arith_data
     over = rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **{
         "trainer.backend": "ray", "trainer.devices_per_node": 2, "rollout.max_response_length": 8,
         "actor.mini_batch_size": 8, "actor.micro_batch_size": 4})
-    cfg = validate(load_config(RLConfig, "grpo", over))
+    plan = plan_rl(load_config(RLConfig, "grpo", over))
+    cfg = plan.cfg
     tok = load_tokenizer(tiny_model_dir)
-    w, group = build_ray_workers(cfg)
+    w, group = build_ray_workers(plan)
     assert all(p.device.type == "meta" for p in w.actor_model.parameters())  # the driver holds no weights
     rollout = RankRollout(group, w.actor)
     prompts = _prompts(arith_data, tok, cfg, 5)
-    dense = load_actor_model(cfg).requires_grad_(False)
+    dense = load_actor_model(plan).requires_grad_(False)
     local = RankEngine(make_rollout(cfg, dense, tok), dense)  # version None: never syncs (weights set below)
 
     def check() -> None:

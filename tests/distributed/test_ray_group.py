@@ -16,7 +16,7 @@ ray.cloudpickle.register_pickle_by_value(sys.modules[__name__])
 
 from reinforge.config.load import load_config  # noqa: E402
 from reinforge.config.schema import RLConfig  # noqa: E402
-from reinforge.config.validate import validate  # noqa: E402
+from reinforge.trainers.plan import plan_rl  # noqa: E402
 from reinforge.protocol import Batch  # noqa: E402
 from reinforge.seeding import seed_everything  # noqa: E402
 from tests.conftest import ragged_batch, rl_overrides  # noqa: E402
@@ -25,10 +25,10 @@ from tests.grad_check import assert_same_steps, record_steps  # noqa: E402
 TOL = 1e-5
 
 
-def _cfg(model_dir, data, run_dir, **extra):
+def _plan(model_dir, data, run_dir, **extra):
     base = {"actor.mini_batch_size": 8, "critic.mini_batch_size": 8, "actor.ppo_epochs": 2, "actor.lr": 1e-3,
             "actor.micro_batch_size": 2, "critic.micro_batch_size": 2}
-    return validate(load_config(RLConfig, "ppo", rl_overrides(model_dir, data, run_dir, **{**base, **extra})))
+    return plan_rl(load_config(RLConfig, "ppo", rl_overrides(model_dir, data, run_dir, **{**base, **extra})))
 
 
 def _batch(vocab: int, B: int = 16, P: int = 8, T: int = 6) -> Batch:
@@ -67,10 +67,10 @@ def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tm
     from reinforge.trainers.rl_setup import build_ray_workers, build_workers
 
     opts = {"model.fused_logprobs": fused, "model.use_packing": packing}
-    local_cfg = _cfg(tiny_model_dir, arith_data, str(tmp_path / "l"), **opts)
-    seed_everything(local_cfg.trainer.seed)
-    local = build_workers(local_cfg)
-    remote, group = build_ray_workers(_cfg(tiny_model_dir, arith_data, str(tmp_path / "r"),
+    local_plan = _plan(tiny_model_dir, arith_data, str(tmp_path / "l"), **opts)
+    seed_everything(local_plan.cfg.trainer.seed)
+    local = build_workers(local_plan)
+    remote, group = build_ray_workers(_plan(tiny_model_dir, arith_data, str(tmp_path / "r"),
                                            **{"trainer.backend": "ray", "trainer.devices_per_node": 2, **opts}))
     batch = _batch(local.actor_model.config.vocab_size)
     m = batch["response_mask"]

@@ -13,7 +13,7 @@ from transformers import AutoModelForCausalLM
 
 from reinforge.config.load import ConfigError, load_config
 from reinforge.config.schema import JudgeConfig, RLConfig
-from reinforge.config.validate import validate
+from reinforge.trainers.plan import plan_rl
 from reinforge.rewards.judge import JudgeScorer, check_template, parse_score
 from reinforge.tasks import build_char_tokenizer
 from reinforge.trainers.rl import RLTrainer
@@ -143,12 +143,12 @@ def _cfg(tiny_model_dir, arith_data, tmp_path, **extra) -> RLConfig:
 def test_judge_config_errors(tiny_model_dir, arith_data, tmp_path, extra, message):
     over = {"reward.functions": "[judge]", "reward.judge.model_path": tiny_model_dir, **extra}
     with pytest.raises(ConfigError, match=message):
-        validate(_cfg(tiny_model_dir, arith_data, tmp_path, **over))
+        plan_rl(_cfg(tiny_model_dir, arith_data, tmp_path, **over))
 
 
 def test_judge_path_without_the_judge_function(tiny_model_dir, arith_data, tmp_path):
     with pytest.raises(ConfigError, match="reward.judge.model_path is set but no reward.functions entry is 'judge'"):
-        validate(_cfg(tiny_model_dir, arith_data, tmp_path, **{"reward.judge.model_path": tiny_model_dir}))
+        plan_rl(_cfg(tiny_model_dir, arith_data, tmp_path, **{"reward.judge.model_path": tiny_model_dir}))
 
 
 def test_grpo_step_with_the_judge_as_a_weighted_reward(tiny_model_dir, arith_data, tmp_path):

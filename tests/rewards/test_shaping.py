@@ -10,7 +10,7 @@ import torch
 
 from reinforge.config.load import ConfigError, load_config
 from reinforge.config.schema import AlgorithmConfig, FormatConfig, LengthPenaltyConfig, RewardConfig, RLConfig
-from reinforge.config.validate import validate
+from reinforge.trainers.plan import plan_rl
 from reinforge.protocol import Batch
 from reinforge.rewards.shaping import (format_checker, kimi_length_reward, length_term, per_token_length_penalty,
                                        shape_scores)
@@ -137,14 +137,14 @@ def test_kimi_through_the_reward_worker():
 def test_bad_shaping_keys(tiny_model_dir, arith_data, tmp_path, override, message):
     cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "r")) + [override])
     with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
-        validate(cfg)
+        plan_rl(cfg)
 
 
 def test_clip_bounds_must_be_ordered(tiny_model_dir, arith_data, tmp_path):
     cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "r"))
                       + ["reward.clip_min=1", "reward.clip_max=0"])
     with pytest.raises(ConfigError, match="reward.clip_min=1.0 must be below reward.clip_max=0.0"):
-        validate(cfg)
+        plan_rl(cfg)
 
 
 def test_rl_step_with_length_penalty_and_format(tiny_model_dir, arith_data, tmp_path):
