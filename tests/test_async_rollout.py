@@ -15,7 +15,7 @@ import torch
 
 from reinforge.config.load import ConfigError, load_config
 from reinforge.config.schema import RLConfig
-from reinforge.config.validate import validate
+from reinforge.trainers.plan import plan_rl
 from reinforge.data.loader import PromptLoader
 from reinforge.protocol import Batch
 from reinforge.rewards.result import RewardResult
@@ -266,7 +266,7 @@ def test_an_exception_in_the_trainer_stops_the_producer(tiny_model_dir, arith_da
 def test_staleness_refuses_what_it_cannot_drive(tiny_model_dir, arith_data, tmp_path, override, match):
     key, value = override.split("=")
     with pytest.raises(ConfigError, match=match):
-        validate(_cfg(tiny_model_dir, arith_data, tmp_path / "bad", **{"rollout.staleness": 1, key: value}))
+        plan_rl(_cfg(tiny_model_dir, arith_data, tmp_path / "bad", **{"rollout.staleness": 1, key: value}))
 
 
 

@@ -1,4 +1,4 @@
-"""docs/extending_rewards.md's worked example runs as written: the python block registers a
+"""docs/extending.md's worked example runs as written: the python block registers a
 reward style (OpenRLHF's), and a function in it scores one RL step on the tiny model."""
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ from reinforge.trainers.rl import RLTrainer
 from tests.conftest import rl_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-DOC = Path(__file__).resolve().parents[1] / "docs" / "extending_rewards.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
 @pytest.fixture
 def example():
     """The namespace of the document's python block, its style registered for this test only."""
-    (block,) = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.DOTALL)
+    text = DOC.read_text()
+    section = text[text.index("## Adding a reward style"):text.index("## Naming your own code")]
+    (block,) = re.findall(r"```python\n(.*?)```", section, re.DOTALL)
     namespace: dict = {"__name__": "extending_rewards_example"}
     exec(compile(block, str(DOC), "exec"), namespace)  # noqa: S102 - the documented example itself
     try:

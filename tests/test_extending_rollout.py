@@ -1,4 +1,4 @@
-"""docs/extending_rollout.md's worked example, "Adding a rollout backend": a naive decoding loop
+"""docs/extending.md's worked example, "Adding a rollout backend": a naive decoding loop
 (one full forward a token, no KV cache) registered under `naive`, checked against the lean loop
 and used for one RL step on the tiny model through `rollout.backend=naive`."""
 from __future__ import annotations
@@ -115,12 +115,12 @@ def test_one_rl_step_on_the_naive_backend(naive_backend, tiny_model_dir, arith_d
 
 
 def test_the_registry_checks_what_the_backend_declares(naive_backend, tiny_model_dir, arith_data, tmp_path):
-    from reinforge.config.validate import validate
+    from reinforge.trainers.plan import plan_rl
 
     def cfg(**extra):
         return load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **extra))
 
     with pytest.raises(ConfigError, match="rollout.staleness=1 needs rollout.backend=lean"):
-        validate(cfg(**{"rollout.backend": "naive", "rollout.staleness": 1}))
+        plan_rl(cfg(**{"rollout.backend": "naive", "rollout.staleness": 1}))
     with pytest.raises(ConfigError, match=r"rollout.backend='navie' is not known; valid: \['hf', 'lean', 'naive'"):
-        validate(cfg(**{"rollout.backend": "navie"}))
+        plan_rl(cfg(**{"rollout.backend": "navie"}))

@@ -1,4 +1,4 @@
-"""docs/extending_tools.md's worked examples, as a user would run them: each docs block is
+"""docs/extending.md's worked examples, as a user would run them: each docs block is
 written to a file in the working directory, named with the one user-code syntax
 (`my_tools.py:word_count`, `my_envs.py:SecondTry`), played for one episode through the agent
 loop (a scripted policy, so the episode is known) and trained for one RL step on the tiny model."""
@@ -20,7 +20,7 @@ from tests.agents.test_loop import Scripted
 from tests.conftest import rl_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-DOC = Path(__file__).resolve().parents[1] / "docs" / "extending_tools.md"
+DOC = Path(__file__).resolve().parents[1] / "docs" / "extending.md"
 
 
 def write_example(folder: Path, name: str) -> None:

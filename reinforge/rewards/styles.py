@@ -28,7 +28,7 @@ A TRL function may return None for a sample it does not apply to (see RewardMana
 
 Each style is one entry of STYLES (a RewardStyle: how it is detected, whether a function of it
 scores a batch per call, how it is called, its signatures and how a signature is checked);
-`register_style` adds one (docs/extending_rewards.md). `style_choices()` are the names a
+`register_style` adds one (docs/extending.md). `style_choices()` are the names a
 reward.functions entry's `style:` takes: "auto" (detect) and every registered style.
 """
 from __future__ import annotations

@@ -164,10 +164,13 @@ def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = N
     c_mini, c_micro = check_batch_sizes(batch, crit.mini_batch_size, crit.micro_batch_size, "critic") \
         if critic else (None, None)
     teacher = cfg.teacher.coef != 0  # validate checked the teacher section
-    # on-policy: the update's own forward gives the old log-probs (workers/actor.py); KL in the
-    # reward and distillation read them before the update
-    on_policy = (not (a.use_kl_in_reward or teacher) and act.ppo_epochs == 1 and batch <= mini
-                 and not has_dropout(cfg.model.path))
+    # on-policy: the update's own forward gives the old log-probs (workers/actor.py), so the
+    # old-log-prob pass is skipped; KL in the reward, distillation and the optimal token baseline
+    # (which also needs sum pi^2) read them before the update
+    from reinforge.algos.advantages import NEEDS_TOKEN_STATS
+
+    reads_old = a.use_kl_in_reward or teacher or a.adv_estimator in NEEDS_TOKEN_STATS
+    on_policy = (not reads_old and act.ppo_epochs == 1 and batch <= mini and not has_dropout(cfg.model.path))
     return RunPlan(
         cfg=cfg, device=device, batch_size=batch, actor_mini_batch_size=mini, actor_micro_batch_size=micro,
         critic_mini_batch_size=c_mini, critic_micro_batch_size=c_micro, critic_enabled=critic,

@@ -114,10 +114,10 @@ class RLTrainer(TrainingLoop):
             with self.timer("baseline"):
                 b_batch, b_metrics = stages.greedy_baseline(batch, self.rollout, self.reward)
             batch, metrics = batch | b_batch, {**metrics, **b_metrics}
-        # a frozen actor has no update pass to report entropy; the optimal token baseline reads pi
-        # and sum pi^2 before the update (truncated IS, tis_cap: an on-policy update weights from its own pass)
+        # the plan skips this pass for an on-policy update (trainers/plan.py); a frozen actor has no
+        # update pass to report entropy from; the optimal token baseline also reads sum pi^2
         token_stats = cfg.algorithm.adv_estimator in NEEDS_TOKEN_STATS
-        if not self.plan.on_policy or self.actor_frozen or token_stats:
+        if not self.plan.on_policy or self.actor_frozen:
             with self.timer("old_log_prob"):
                 batch = batch | self.actor.log_probs(batch, with_sum_pi_squared=token_stats)
         if self.reference is not None:
