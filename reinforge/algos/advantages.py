@@ -1,22 +1,26 @@
 """Advantage estimators. One input dataclass, one signature, one registry.
 
-Every estimator is ``fn(inp: AdvantageInput) -> (advantages (B, T), returns (B, T))``.
+Every estimator is ``fn(inp: AdvantageInput) -> (advantages (B, T), returns (B, T))``; one
+defined outside the package takes its own hyper-parameters as keyword-only arguments too
+(``estimator_kwargs``).
 Group estimators take explicit ``group_ids`` (B,) int64 in any order with unequal group sizes;
 the group statistics are computed with ``torch.unique`` + ``index_add_`` (no Python loop).
 
 ``ADVANTAGE_ESTIMATORS`` is an ``algos.registry.Registry``: each entry's params dataclass
 names the ``algorithm.<key>`` settings the estimator reads (copied into ``AdvantageInput`` by
 the trainer), and its traits say which inputs it needs (the config validator and the trainer
-read them; the module-level sets are derived from the traits): ``needs_values`` (a critic),
-``needs_groups`` (``group_ids``, i.e. rollout.n > 1 makes sense), ``needs_baseline``
-(``baseline_rewards``, ReMax's greedy rollout reward), ``needs_token_stats`` (``old_log_probs``
-and ``sum_pi_squared`` from the actor's old-log-prob pass, run for them even on-policy).
+read them; the module-level sets are live views of the traits, so an estimator registered
+later is in them): ``needs_values`` (a critic), ``needs_groups`` (``group_ids``, i.e.
+rollout.n > 1 makes sense), ``needs_baseline`` (``baseline_rewards``, ReMax's greedy rollout
+reward), ``needs_token_stats`` (``old_log_probs`` and ``sum_pi_squared`` from the actor's
+old-log-prob pass, run for them even on-policy).
 """
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
-from typing import Optional
+from typing import Any, Optional
 
 import torch
 
@@ -373,10 +377,10 @@ ADVANTAGE_ESTIMATORS.register("grpo_passk", grpo_passk, GroupStdParams, needs_gr
 ADVANTAGE_ESTIMATORS.register("gpg", gpg, needs_groups=True)
 ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", optimal_token_baseline, needs_groups=True,
                               needs_token_stats=True)
-NEEDS_VALUES = ADVANTAGE_ESTIMATORS.with_trait("needs_values")
-NEEDS_GROUPS = ADVANTAGE_ESTIMATORS.with_trait("needs_groups")
-NEEDS_BASELINE = ADVANTAGE_ESTIMATORS.with_trait("needs_baseline")
-NEEDS_TOKEN_STATS = ADVANTAGE_ESTIMATORS.with_trait("needs_token_stats")
+NEEDS_VALUES = ADVANTAGE_ESTIMATORS.trait_set("needs_values")
+NEEDS_GROUPS = ADVANTAGE_ESTIMATORS.trait_set("needs_groups")
+NEEDS_BASELINE = ADVANTAGE_ESTIMATORS.trait_set("needs_baseline")
+NEEDS_TOKEN_STATS = ADVANTAGE_ESTIMATORS.trait_set("needs_token_stats")
 
 
 def get_advantage_estimator(name: str):
@@ -384,7 +388,19 @@ def get_advantage_estimator(name: str):
     return ADVANTAGE_ESTIMATORS.entry(name).fn
 
 
+def estimator_kwargs(name: str, section: Any = None) -> dict[str, Any]:
+    """The keywords of one call of estimator ``name``: its params that its function takes as
+    keyword-only arguments, read from ``section`` (the algorithm config; defaults without it).
+    The built-in estimators take none (the trainer copies their settings into AdvantageInput's
+    fields); an estimator defined outside the package reads its hyper-parameters this way
+    (docs/extending.md)."""
+    e = ADVANTAGE_ESTIMATORS.entry(name)
+    kw_only = {n for n, p in inspect.signature(e.fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
+    return {k: v for k, v in e.kwargs(section).items() if k in kw_only} if kw_only else {}
+
+
 @torch.no_grad()
-def compute_advantages(name: str, inp: AdvantageInput) -> tuple[torch.Tensor, torch.Tensor]:
-    """Run estimator ``name`` on ``inp`` (no grad). -> (advantages (B, T), returns (B, T))."""
-    return get_advantage_estimator(name)(inp)
+def compute_advantages(name: str, inp: AdvantageInput, **hyper) -> tuple[torch.Tensor, torch.Tensor]:
+    """Run estimator ``name`` on ``inp`` (no grad), with the keywords ``hyper`` (see
+    ``estimator_kwargs``). -> (advantages (B, T), returns (B, T))."""
+    return get_advantage_estimator(name)(inp, **hyper)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import difflib
 import inspect
 from dataclasses import MISSING, Field, asdict, dataclass, field, fields
+from collections.abc import Set
 from typing import Any, Callable, Iterator, Mapping
 
 
@@ -154,6 +155,11 @@ class Registry(Mapping):
         """Names (aliases included) whose entry has a true ``trait``."""
         return frozenset(n for n, e in self._entries.items() if e.traits.get(trait))
 
+    def trait_set(self, trait: str) -> "TraitSet":
+        """A live set of the names whose entry has a true ``trait``: an entry registered later
+        (a user's estimator) is in it too, where ``with_trait``'s snapshot would miss it."""
+        return TraitSet(self, trait)
+
     def param_fields(self) -> dict[str, Field]:
         """Every hyper-parameter of every entry by name. A name shared by entries must have one
         default, range and type (it is one config key); else TypeError."""
@@ -165,6 +171,30 @@ class Registry(Mapping):
                     raise TypeError(f"{self.kind} param {f.name!r} is declared twice with different default, range "
                                     f"or type ({e.name!r})")
         return out
+
+
+class TraitSet(Set):
+    """The names (aliases included) of a registry whose entry has a true trait, read at each use."""
+
+    def __init__(self, reg: Registry, trait: str):
+        self._reg, self._trait = reg, trait
+
+    def __contains__(self, name: object) -> bool:
+        e = self._reg._entries.get(name)  # type: ignore[call-overload]
+        return bool(e is not None and e.traits.get(self._trait))
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._reg.with_trait(self._trait))
+
+    def __len__(self) -> int:
+        return len(self._reg.with_trait(self._trait))
+
+    @classmethod
+    def _from_iterable(cls, it) -> frozenset:
+        return frozenset(it)  # the result of |, &, -: a plain snapshot
+
+    def __repr__(self) -> str:
+        return f"TraitSet({self._trait!r}: {sorted(self)})"
 
 
 def _cell(text: str) -> str:

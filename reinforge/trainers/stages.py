@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 
 from reinforge.algos import distill
-from reinforge.algos.advantages import AdvantageInput, compute_advantages
+from reinforge.algos.advantages import AdvantageInput, compute_advantages, estimator_kwargs
 from reinforge.algos.kl import kl_penalty
 from reinforge.algos.masked import masked_mean
 from reinforge.config.schema import AlgorithmConfig, TeacherConfig
@@ -25,7 +25,8 @@ def apply_kl_in_reward(batch: Batch, ctrl, estimator: str) -> tuple[Batch, dict[
 
 
 def advantages_stage(batch: Batch, algo: AlgorithmConfig, value_pretraining: bool = False) -> Batch:
-    """Advantages and returns by the configured estimator (on the controller process).
+    """Advantages and returns by the configured estimator (on the controller process); an
+    estimator that takes its hyper-parameters as keywords gets them from ``algo``.
 
     During VAPO value pretraining the critic's targets are Monte-Carlo returns (lambda = 1)."""
     rewards = batch["token_level_rewards"] if "token_level_rewards" in batch else batch["token_level_scores"]
@@ -38,7 +39,7 @@ def advantages_stage(batch: Batch, algo: AlgorithmConfig, value_pretraining: boo
         baseline_rewards=batch["baseline_scores"] if "baseline_scores" in batch else None,
         old_log_probs=batch["old_log_probs"] if "old_log_probs" in batch else None,
         sum_pi_squared=batch["sum_pi_squared"] if "sum_pi_squared" in batch else None)
-    adv, ret = compute_advantages(algo.adv_estimator, inp)
+    adv, ret = compute_advantages(algo.adv_estimator, inp, **estimator_kwargs(algo.adv_estimator, algo))
     out = {"advantages": adv, "returns": ret}
     if "token_level_rewards" not in batch:
         out["token_level_rewards"] = rewards
