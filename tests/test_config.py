@@ -255,6 +255,10 @@ def test_reward_style_names_come_from_the_styles_registry():
     with pytest.raises(ConfigError, match=r"reward.functions\[0\].style='openrlhf'"):
         check_reward_names(cfg.reward, cfg.algorithm, cfg.rollout.max_response_length)
     assert style_choices()[0] == "auto" and {"reinforge", "verl", "trl"} <= set(style_choices())
+    from reinforge.trainers.preflight import check_reward_styles
+
+    with pytest.raises(ConfigError, match=r"eval.reward_functions\[1\].style='bogus'"):  # SFT / DPO eval
+        check_reward_styles([{"name": "a"}, {"name": "b", "style": "bogus"}], "eval.reward_functions")
 
 
 def test_yaml_syntax_error_names_file_line_column(tmp_path):

@@ -268,6 +268,7 @@ def plan_supervised(cfg, *, hub_ids: dict | None = None, rows: dict | None = Non
         e = cfg.eval
         cfg = replace(cfg, eval=replace(e, reward_functions=normalize_reward_functions(e.reward_functions,
                                                                                        "eval.reward_functions")))
+        preflight.check_reward_styles(cfg.eval.reward_functions, "eval.reward_functions")
         functions = tuple((f"eval.reward_functions[{i}].name", f["name"], f.get("style"))
                           for i, f in enumerate(cfg.eval.reward_functions))
     return SupervisedPlan(cfg=cfg, device=device, micro_batch_size=min(cfg.optim.micro_batch_size, cfg.data.batch_size),

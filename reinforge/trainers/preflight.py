@@ -76,13 +76,20 @@ def check_reward_names(rw, algo, max_response_length: int) -> None:
     registered ones, every shaping term's parameters (each term checks its own keys:
     rewards/shaping.py) and the judge."""
     from reinforge.rewards.shaping import check_shaping
-    from reinforge.rewards.styles import style_choices
 
-    for i, f in enumerate(rw.functions):
-        if "style" in f:
-            check_choice(f["style"], style_choices(), f"reward.functions[{i}].style")
+    check_reward_styles(rw.functions, "reward.functions")
     check_shaping(rw, algo, max_response_length)
     check_judge(rw)
+
+
+def check_reward_styles(functions: Sequence[dict], key: str) -> None:
+    """Each entry's forced `style` among the registered ones (rewards/styles.py), for the RL
+    reward and the SFT / DPO eval functions alike; `functions` in their full form."""
+    from reinforge.rewards.styles import style_choices
+
+    for i, f in enumerate(functions):
+        if "style" in f:
+            check_choice(f["style"], style_choices(), f"{key}[{i}].style")
 
 
 def check_judge(rw) -> None:
