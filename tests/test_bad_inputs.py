@@ -1,11 +1,14 @@
 """Every bad input is refused by the real CLI with exit code 2 and one line naming the key or
 file, without a traceback, before any model loads, and without writing into the run directory.
 
-Each case runs `reinforge.cli.main.main` in a fresh interpreter behind a tripwire: the
-subprocess replaces `PreTrainedModel.from_pretrained` (which every model load of transformers
-goes through) with a function that raises, so a case that loaded a model before refusing exits
-with that traceback (code 1) instead of 2. One tiny model and one small task data set are
-shared by the module; the broken variants are copies with one thing wrong.
+Each case runs `reinforge.cli.main.main` in a fresh process behind a tripwire: a case server
+(one subprocess for the module) replaces `PreTrainedModel.from_pretrained` (which every model
+load of transformers goes through) with a function that raises, so a case that loaded a model
+before refusing exits with that traceback (code 1) instead of 2. The server imports
+transformers once and forks one child per case, so every case starts from the same untouched
+interpreter without paying the ~4 s import each (the table took 30 x ~5 s as one interpreter
+per case). One tiny model and one small task data set are shared by the module; the broken
+variants are copies with one thing wrong.
 
 Issue 11's section 4 (runs that must not mix, lose or leave anything) is tested beside this file:
 a previous run refused unless --resume/--overwrite, an unwritable run_dir, resume cutting the
@@ -27,17 +30,79 @@ import pytest
 
 from tests.conftest import rl_overrides
 
-TRIPWIRE = """
-import sys
+# The case server: imports transformers once, installs the tripwire, then for each request line
+# (JSON: argv and cwd) forks a child that runs the CLI with its stdout and stderr in files, as a
+# fresh interpreter would (an uncaught exception prints its traceback and exits 1), and answers
+# with one JSON line (rc, stdout, stderr). Forking before any case ran keeps cases independent.
+CASE_SERVER = r"""
+import json, os, sys, tempfile, traceback
 from transformers import PreTrainedModel
 
 def tripwire(*args, **kwargs):
     raise RuntimeError("tripwire: a model was loaded before the bad input was refused")
 
 PreTrainedModel.from_pretrained = classmethod(tripwire)
-from reinforge.cli.main import main
-sys.exit(main(sys.argv[1:]))
+import reinforge.cli.main
+
+def child(argv, out_path, err_path):
+    out = os.open(out_path, os.O_WRONLY)
+    err = os.open(err_path, os.O_WRONLY)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    sys.stdout = os.fdopen(1, "w", closefd=False)
+    sys.stderr = os.fdopen(2, "w", closefd=False)
+    try:
+        code = reinforge.cli.main.main(argv)
+    except SystemExit as e:
+        code = e.code
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):
+        print(code, file=sys.stderr)
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+for line in sys.stdin:
+    req = json.loads(line)
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [os.path.join(tmp, "out"), os.path.join(tmp, "err")]
+        for p in paths:
+            open(p, "w").close()
+        pid = os.fork()
+        if pid == 0:
+            os.chdir(req["cwd"])
+            child(req["argv"], *paths)
+        _, status = os.waitpid(pid, 0)
+        texts = [open(p, errors="replace").read() for p in paths]
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status), "stdout": texts[0], "stderr": texts[1]}),
+          flush=True)
 """
+
+
+@pytest.fixture(scope="module")
+def run_case():
+    """`run_case(argv, cwd) -> (returncode, stdout, stderr)`, each case in a forked child of
+    one server process that has imported transformers and installed the tripwire."""
+    server = subprocess.Popen([sys.executable, "-c", CASE_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              text=True)
+
+    def run(argv: list[str], cwd) -> tuple[int, str, str]:
+        server.stdin.write(json.dumps({"argv": argv, "cwd": str(cwd)}) + "\n")
+        server.stdin.flush()
+        line = server.stdout.readline()
+        assert line, "the case server died"
+        out = json.loads(line)
+        return out["rc"], out["stdout"], out["stderr"]
+
+    yield run
+    server.stdin.close()
+    server.wait(timeout=60)
+
 
 BAD_YAML = "rollout:\n  n: 4\n  temperature: [1.0\nactor:\n  lr: 1e-3\n"
 
@@ -143,16 +208,15 @@ def _files(path: Path) -> list[str]:
 
 
 @pytest.mark.parametrize("argv,needle", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_bad_input_refused(inp, argv, needle):
+def test_bad_input_refused(inp, run_case, argv, needle):
     run_dir = Path(inp.run)
     before = _files(run_dir)
-    out = subprocess.run([sys.executable, "-c", TRIPWIRE, *argv(inp)], capture_output=True, text=True,
-                         timeout=300, cwd=inp.root)
+    rc, stdout, stderr = run_case(argv(inp), inp.root)
     needle = needle.format(**vars(inp))
-    assert "Traceback" not in out.stdout + out.stderr, out.stderr
-    assert out.returncode == 2, out.stderr
-    lines = out.stderr.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("reinforge: error: "), out.stderr
+    assert "Traceback" not in stdout + stderr, stderr
+    assert rc == 2, stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("reinforge: error: "), stderr
     assert needle in lines[0], lines[0]
     assert _files(run_dir) == before == [], "the refused run wrote into its run directory"
 
