@@ -21,7 +21,7 @@ Metric tensors (scalars, detached), all masked means over valid tokens:
 - ``pg_clipfrac_lower``: tokens where the dual clip binds (A < 0 and ratio > clip_c); for
   losses without a dual clip, tokens whose IS weight is clipped at the lower bound.
 - ``ppo_kl``: mean of old_log_probs - log_probs (k1 estimate of KL(old || new)), from the raw
-  log-ratio in every loss: veRL 0.9.1 reports the mean of the +-20-clamped log-ratio in vanilla
+  log-ratio in every loss: veRL 0.9 reports the mean of the +-20-clamped log-ratio in vanilla
   (ppo_clip), cispo, sapo and dppo_*, which hides a token that moved further; here the metric is
   the true k1 mean whatever the loss clamps (and ``log_ratio_max`` reports the extreme token).
 
