@@ -1,8 +1,9 @@
 """Advantage estimators. One input dataclass, one signature, one registry.
 
 Every estimator is ``fn(inp: AdvantageInput) -> (advantages (B, T), returns (B, T))``; one
-defined outside the package takes its own hyper-parameters as keyword-only arguments too
-(``estimator_kwargs``).
+with hyper-parameters that are not ``AdvantageInput`` fields (an estimator defined outside the
+package, ``optimal_token_baseline``'s ``handle_zero_tail``) takes them as keyword-only arguments
+too (``estimator_kwargs``).
 Group estimators take explicit ``group_ids`` (B,) int64 in any order with unequal group sizes;
 the group statistics are computed with ``torch.unique`` + ``index_add_`` (no Python loop).
 
@@ -52,8 +53,26 @@ class AdvantageInput:
 # --------------------------------------------------------------------------- helpers
 
 
+def check_rewards_in_mask(rewards: torch.Tensor, mask: torch.Tensor) -> None:
+    """Refuse a finite non-zero reward on a masked position (B, T): ValueError naming the first
+    (row, position). Non-finite values there are padding garbage, ignored as everywhere in algos
+    (masked.py). One host sync (the advantages run on the controller, on the CPU)."""
+    off = (rewards != 0) & torch.isfinite(rewards) & (mask == 0)
+    if bool(off.any()):
+        i, t = off.nonzero()[0].tolist()
+        raise ValueError(f"token_level_rewards[{i}, {t}] = {float(rewards[i, t]):g} lies outside response_mask "
+                         f"(row {i}, position {t}): an outcome estimator would drop it; place each reward on a "
+                         f"valid response token (an outcome reward on the row's last one) or zero it there")
+
+
 def _sequence_scores(inp: AdvantageInput) -> torch.Tensor:
-    """Sum of token rewards over the response. -> (B,)"""
+    """Sum of token rewards over the response. -> (B,)
+
+    A reward outside the mask is refused (``check_rewards_in_mask``), not dropped: veRL's outcome
+    estimators sum a row over every position, reinforge over the valid ones, and a reward on a
+    masked position is a bug upstream (every reward source here zeroes its rewards there: the
+    reward worker's placement, multi-turn turn rewards, the KL-in-reward penalty)."""
+    check_rewards_in_mask(inp.token_level_rewards, inp.response_mask)
     return masked_sum(inp.token_level_rewards, inp.response_mask, dim=-1)
 
 
@@ -315,15 +334,26 @@ def gpg(inp: AdvantageInput):
 _OTB_EPS = 1e-8
 
 
-def optimal_token_baseline(inp: AdvantageInput):
+def optimal_token_baseline(inp: AdvantageInput, *, handle_zero_tail: bool = True):
     """Optimal token baseline (veRL ``optimal_token_baseline``; https://richardli.xyz/optimal-token-baseline).
 
     G_t = sum_{j >= t} r_j (undiscounted return-to-go over valid tokens), per-token weight
     w_t = 1 - 2 pi_t + sum_v pi_v^2 (the squared norm of the logit gradient of log pi_t, with
     pi_t = exp(old_log_probs)), W_t = sum_{j <= t} w_j over valid tokens, and per group and
     position B_t = sum_i G_t W_t m_t / (sum_i W_t m_t + 1e-8) over the group's rows i;
-    A_t = (G_t - B_t) m_t. Singleton groups: B = 0 (A = G). returns = G (0 outside the mask).
-    Not implemented from veRL: the rollout-IS rescaling of w and ``handle_zero_tail`` (off there).
+    A_t = (G_t - B_t) m_t. Singleton groups: B = 0 (A = G).
+
+    ``handle_zero_tail`` (default True, veRL's default, which its trainer keeps): B_t = 0 where a
+    row is the only valid row of its group at position t. There the baseline would be the row's own
+    G_t (A = 0, no gradient); with the option the row keeps A = G_t. On right-padded masks these are
+    exactly veRL's positions (the unique longest row, from the second-longest row's length on). With
+    holes veRL counts the second-longest row's valid tokens and zeroes from that position, which can
+    cover positions where other rows are valid and miss a hole where the row is alone; here the rule
+    is per position, as the baseline is.
+
+    returns = G on valid tokens and 0 outside the mask, response holes included (veRL keeps the
+    reward-to-go in holes): every per-token output of reinforge is 0 outside the mask, and nothing
+    reads returns there. Not implemented from veRL: the rollout-IS rescaling of w.
     """
     if inp.old_log_probs is None or inp.sum_pi_squared is None:
         raise ValueError("advantage estimator 'optimal_token_baseline' needs old_log_probs and sum_pi_squared (B, T)")
@@ -335,8 +365,11 @@ def optimal_token_baseline(inp: AdvantageInput):
     num = r.new_zeros(G, r.shape[1]).index_add_(0, inv, ret * wm)  # (G, T)
     den = r.new_zeros(G, r.shape[1]).index_add_(0, inv, wm)
     count = _group_sum(torch.ones_like(r[:, 0]), inv, G)  # (G,)
-    baseline = torch.where(count[:, None] > 1, num / (den + _OTB_EPS), torch.zeros_like(num))
-    return (ret - baseline[inv]) * m, ret
+    baseline = torch.where(count[:, None] > 1, num / (den + _OTB_EPS), torch.zeros_like(num))[inv]  # (B, T)
+    if handle_zero_tail:  # no baseline where the row is its group's only valid row at t
+        alone = r.new_zeros(G, r.shape[1]).index_add_(0, inv, m)[inv] == 1  # (B, T)
+        baseline = baseline.masked_fill(alone, 0.0)
+    return (ret - baseline) * m, ret
 
 
 # --------------------------------------------------------------------------- registry
@@ -363,6 +396,12 @@ class GroupStdParams:
     norm_adv_by_std: bool = param(True, None, "GRPO: divide by the group std (False = Dr.GRPO).")
 
 
+@dataclass
+class OTBParams:
+    handle_zero_tail: bool = param(True, None, "optimal_token_baseline: no baseline where a row is its group's only "
+                                               "valid row at a position (veRL's default).")
+
+
 ADVANTAGE_ESTIMATORS = Registry("advantage estimator")
 ADVANTAGE_ESTIMATORS.register("gae", gae, GAEParams, needs_values=True)
 ADVANTAGE_ESTIMATORS.register("grpo", grpo, GroupStdParams, needs_groups=True)
@@ -375,7 +414,7 @@ ADVANTAGE_ESTIMATORS.register("remax", remax, needs_baseline=True)
 ADVANTAGE_ESTIMATORS.register("opo", opo, needs_groups=True)
 ADVANTAGE_ESTIMATORS.register("grpo_passk", grpo_passk, GroupStdParams, needs_groups=True)
 ADVANTAGE_ESTIMATORS.register("gpg", gpg, needs_groups=True)
-ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", optimal_token_baseline, needs_groups=True,
+ADVANTAGE_ESTIMATORS.register("optimal_token_baseline", optimal_token_baseline, OTBParams, needs_groups=True,
                               needs_token_stats=True)
 NEEDS_VALUES = ADVANTAGE_ESTIMATORS.trait_set("needs_values")
 NEEDS_GROUPS = ADVANTAGE_ESTIMATORS.trait_set("needs_groups")
@@ -391,9 +430,9 @@ def get_advantage_estimator(name: str):
 def estimator_kwargs(name: str, section: Any = None) -> dict[str, Any]:
     """The keywords of one call of estimator ``name``: its params that its function takes as
     keyword-only arguments, read from ``section`` (the algorithm config; defaults without it).
-    The built-in estimators take none (the trainer copies their settings into AdvantageInput's
-    fields); an estimator defined outside the package reads its hyper-parameters this way
-    (docs/extending.md)."""
+    Most built-in estimators take none (the trainer copies their settings into AdvantageInput's
+    fields; ``optimal_token_baseline`` takes ``handle_zero_tail``); an estimator defined outside
+    the package reads its hyper-parameters this way (docs/extending.md)."""
     e = ADVANTAGE_ESTIMATORS.entry(name)
     kw_only = {n for n, p in inspect.signature(e.fn).parameters.items() if p.kind is p.KEYWORD_ONLY}
     return {k: v for k, v in e.kwargs(section).items() if k in kw_only} if kw_only else {}

@@ -20,17 +20,40 @@ Metric tensors (scalars, detached), all masked means over valid tokens:
   the same definition as veRL's, so runs compare.
 - ``pg_clipfrac_lower``: tokens where the dual clip binds (A < 0 and ratio > clip_c); for
   losses without a dual clip, tokens whose IS weight is clipped at the lower bound.
-- ``ppo_kl``: mean of old_log_probs - log_probs (k1 estimate of KL(old || new)).
+- ``ppo_kl``: mean of old_log_probs - log_probs (k1 estimate of KL(old || new)), from the raw
+  log-ratio in every loss: veRL 0.9 reports the mean of the +-20-clamped log-ratio in vanilla
+  (ppo_clip), cispo, sapo and dppo_*, which hides a token that moved further; here the metric is
+  the true k1 mean whatever the loss clamps (and ``log_ratio_max`` reports the extreme token).
+
+The log-ratio log r = log pi - log pi_old, per loss (decided by what its formula needs):
+
+- ``ppo_clip``, ``vanilla``, ``cispo``, ``sapo``, ``dppo_tv``, ``dppo_kl``: clamped to +-20
+  (``_log_ratio``), veRL's bound in the same losses. Their ratio r = exp(log r) then stays below
+  e^20 ~ 4.9e8, and a token beyond the bound gets no gradient through r.
+- ``gspo``: the sequence log-ratio is the mean of the +-20-clamped token log-ratios; its gradient
+  flows through log pi at every token whatever the ratio (GSPO-token form).
+- ``clip_cov``, ``kl_cov``, ``gmpo``: the raw log-ratio, as veRL. It is clamped only above
+  ``_exp_bound`` (88 in fp32 and bf16, 11 in fp16, 709 in fp64), where exp() would overflow to inf
+  and the loss and its gradient would be inf / NaN; so below that the loss and its gradient are
+  veRL's (a clamp at 20 would zero the gradient of kl_cov's penalty and of clip_cov's unclipped
+  negative-advantage tokens exactly where they matter most).
+- ``dro``: the raw log-ratio, unclamped: its penalty (beta / 2)(log r)^2 is a polynomial, with no
+  overflow to guard, and its gradient beta * log r must pull back a token however far it moved.
+- ``reinforce`` / ``gpg``: no ratio at all.
+
+``log_ratio_max`` (the actor's ``actor/log_ratio_max``) is max |log pi - log pi_old| over the valid
+tokens: a ratio of e^20 is a signal to report, not to hide.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
-from .kl import LOG_RATIO_CLAMP  # one bound on |log ratio| for the losses and the KL
+from .kl import LOG_RATIO_CLAMP  # veRL's +-20 bound on |log ratio| (its ratio losses and the k3 KL)
 from .masked import _zero_outside, masked_mean
 from .registry import Registry, param
 
@@ -88,7 +111,29 @@ class DroParams:
 
 
 def _log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
+    """log pi - log pi_old clamped to +-20: veRL's bound in its ratio losses (module docstring)."""
     return (log_probs - old_log_probs).clamp(-LOG_RATIO_CLAMP, LOG_RATIO_CLAMP)
+
+
+def _exp_bound(dtype: torch.dtype) -> float:
+    """The largest integer x whose exp(x) is finite in ``dtype``: 88 (fp32, bf16), 11 (fp16), 709 (fp64)."""
+    return float(math.floor(math.log(torch.finfo(dtype).max)))
+
+
+def _raw_log_ratio(log_probs: torch.Tensor, old_log_probs: torch.Tensor) -> torch.Tensor:
+    """log pi - log pi_old, clamped only from above at ``_exp_bound`` (where exp() would give inf;
+    below, exp() underflows harmlessly to 0). (B, T) -> (B, T)."""
+    lr = log_probs - old_log_probs
+    return lr.clamp(max=_exp_bound(lr.dtype))
+
+
+def log_ratio_max(log_probs: torch.Tensor, old_log_probs: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """max |log pi - log pi_old| over the valid tokens (0 for an empty mask; NaN if a valid token's
+    is NaN), detached. (B, T) x 3 -> scalar. The actor's ``actor/log_ratio_max`` (reduced by max)."""
+    with torch.no_grad():
+        d = (log_probs - old_log_probs).abs()
+        d = torch.where(mask > 0, d, torch.zeros((), dtype=d.dtype, device=d.device))
+        return d.amax() if d.numel() else d.new_zeros(())
 
 
 def _metrics(log_probs, old_log_probs, mask, clipped, clipped_lower) -> dict[str, torch.Tensor]:
@@ -181,8 +226,10 @@ def gmpo(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2, c
     bounds are log-space: the paper uses 0.4 (ratio in [e^-0.4, e^0.4]), so pass
     clip_low=clip_high=0.4 explicitly. No dual clip.
     Use seq-mean-token-mean aggregation to recover the paper's per-sequence mean.
+    The token log-ratios are raw, as veRL's ``geo_mean`` (clamped only where exp() would overflow:
+    ``_raw_log_ratio``), so the side the clip leaves open keeps its gradient beyond |log r| = 20.
     """
-    lr = _log_ratio(log_probs, old_log_probs)
+    lr = _raw_log_ratio(log_probs, old_log_probs)
     sgn = torch.sign(advantages)
     clipped_lr = lr.clamp(-clip_low, clip_high)
     lr_min = sgn * torch.minimum(sgn * lr, sgn * clipped_lr)  # zero grad where the clip binds
@@ -267,8 +314,11 @@ def clip_cov(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.
     are drawn uniformly at random (``generator`` seeds the draw) and their loss is set to 0, so
     they give no gradient. pg_clipfrac: the fraction of tokens so removed (veRL's definition);
     pg_clipfrac_lower: 0. No dual clip (as in veRL). Defaults are veRL's.
+    The ratio is exp of the raw log-ratio, as veRL's (clamped only where exp() would overflow:
+    ``_raw_log_ratio``): a negative-advantage token far above the bound is not clipped, and keeps
+    its gradient -A r grad log pi beyond |log r| = 20.
     """
-    ratio = torch.exp(_log_ratio(log_probs, old_log_probs))
+    ratio = torch.exp(_raw_log_ratio(log_probs, old_log_probs))
     loss, clipped = _clipped_surrogate(ratio, advantages, clip_low, clip_high)
     cov = _token_cov(log_probs, advantages, response_mask)
     valid = response_mask > 0
@@ -289,10 +339,12 @@ def kl_cov(log_probs, old_log_probs, advantages, response_mask, *, kl_cov_ratio=
     (``_token_cov``) get loss -A * r + ppo_kl_coef * |log r|; the others -A * r. There is no
     ratio clip. pg_clipfrac: the fraction of penalised tokens (veRL reports
     none); ppo_kl stays the k1 mean like every loss here (veRL's kl_cov logs mean |log r|).
-    Defaults are veRL's config defaults.
+    Defaults are veRL's config defaults. The penalty reads the raw log-ratio (its gradient
+    ppo_kl_coef * sign(log r) survives at any distance) and r is exp of the raw log-ratio, clamped
+    only where exp() would overflow (``_raw_log_ratio``), as veRL's.
     """
-    lr = _log_ratio(log_probs, old_log_probs)
-    loss = -advantages * torch.exp(lr)
+    lr = log_probs - old_log_probs
+    loss = -advantages * torch.exp(_raw_log_ratio(log_probs, old_log_probs))
     valid = response_mask > 0
     cov = torch.where(valid, _token_cov(log_probs, advantages, response_mask), torch.full_like(lr, -torch.inf))
     picked = valid & (_rank_desc(cov) < _top_count(kl_cov_ratio, response_mask))
@@ -346,14 +398,18 @@ def dppo_kl(log_probs, old_log_probs, advantages, response_mask, *, clip_low=0.2
 
 
 def dro(log_probs, old_log_probs, advantages, response_mask, *, dro_beta=0.05):
-    """DRO-style loss (Direct Reward Optimization, https://arxiv.org/abs/2405.19107; veRL ``dro``,
-    verl-project/verl PR #7245): -(A * log pi - (dro_beta / 2) * (log pi - log pi_old)^2).
+    """DRO-style loss (Direct Reward Optimization, https://arxiv.org/abs/2405.19107; veRL 0.9's
+    ``compute_policy_loss_dro``): -(A * log pi - (dro_beta / 2) * (log pi - log pi_old)^2).
 
     The REINFORCE term plus a quadratic penalty on the log-ratio, which replaces the clip as
     the trust region: the gradient is (-A + dro_beta * log r) * grad log pi. The penalty applies
-    at every valid token, whatever its advantage. No token is clipped.
+    at every valid token, whatever its advantage. No token is clipped. The log-ratio is not
+    clamped (a polynomial has no overflow to guard): however far a token moved, its penalty is
+    the true (dro_beta / 2)(log r)^2 and its gradient dro_beta * log r pulls it back, as in veRL.
+    dro_beta: veRL has no default (it must be set, > 0); 0.05 here, and 0 gives ``reinforce``.
     """
-    lr = _log_ratio(log_probs, old_log_probs)
+    # 0 outside the mask first: an inf there (garbage in padding) would make the square's gradient NaN.
+    lr = torch.where(response_mask > 0, log_probs - old_log_probs, torch.zeros_like(log_probs))
     loss = -advantages * log_probs + 0.5 * dro_beta * lr.square()
     metrics = _unclipped_metrics(log_probs, old_log_probs, response_mask)
     return _zero_outside(loss, response_mask), metrics

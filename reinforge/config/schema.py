@@ -223,6 +223,8 @@ class AlgorithmConfig:
     """VAPO length-adaptive lambda = 1 - 1/(alpha * L); None disables."""
     norm_adv_by_std: bool = True
     """GRPO: divide by the group std (False = Dr.GRPO)."""
+    handle_zero_tail: bool = True
+    """optimal_token_baseline: no baseline where a row is its group's only valid row at a position (veRL's default)."""
     # (end of the estimators' hyper-parameters)
     use_kl_in_reward: bool = False
     """Subtract beta * KL(actor || reference) from the token rewards (PPO-style)."""

@@ -21,7 +21,7 @@ import torch
 from reinforge.algos.aggregation import agg_denominators, agg_loss
 from reinforge.algos.kl import kl_penalty
 from reinforge.algos.masked import masked_mean
-from reinforge.algos.policy_loss import POLICY_LOSSES
+from reinforge.algos.policy_loss import POLICY_LOSSES, log_ratio_max
 from reinforge.algos.tis import tis_weights
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
@@ -93,6 +93,8 @@ class ActorWorker(LocalTrainedRole, role="actor"):
 
     def _policy_loss(self, out: dict, mb: Batch, denom: dict) -> tuple[torch.Tensor, dict]:
         loss_mat, m = self.loss_fn(out["log_probs"], out["old_log_probs"], mb["advantages"], out["mask"], **self.loss_kw)
+        # the extreme token the losses' clamps would hide (algos/policy_loss.py); a `_max` metric: reduced by max
+        m["log_ratio_max"] = log_ratio_max(out["log_probs"], out["old_log_probs"], out["mask"])
         if self.on_policy:  # what trainers/metrics.py reads from the skipped pass's outputs
             resp = mb["response_mask"].float()
             m["entropy"] = masked_mean(out["entropy"].detach(), resp)

@@ -91,8 +91,10 @@ def test_vectorised_equals_loop(gen, norm):
     B, T = 40, 11
     mask = random_mask(B, T, gen, empty_rows=2).double()
     groups = torch.randint(0, 9, (B,), generator=gen) * 7 + 3  # unequal sizes, sparse ids
-    # Scores from a small set so that ties (at the top and elsewhere) occur.
+    # Scores from a small set so that ties (at the top and elsewhere) occur; none outside the mask
+    # (the outcome estimators refuse one there).
     rewards = torch.randint(0, 3, (B, T), generator=gen).double() * 0.5 * (torch.rand(B, T, generator=gen) < 0.3)
+    rewards = rewards * mask
     s = (rewards * mask).sum(-1)
     for name, want in (("grpo_passk", _loop_passk(s, groups, norm, 1e-6)), ("gpg", _loop_gpg(s, groups))):
         adv = _run(name, rewards, mask, groups, norm_by_std=norm)
@@ -113,7 +115,8 @@ def _otb_inputs(gen, B, T):
     return pi.log(), spi2
 
 
-def test_optimal_token_baseline_hand_computed():
+@pytest.mark.parametrize("zero_tail", [False, True])
+def test_optimal_token_baseline_hand_computed(zero_tail):
     # Group 1: two rows of 3 tokens, row 1 has a hole at t=1; group 0: a singleton.
     mask = torch.tensor([[1, 1, 1], [1, 0, 1], [1, 1, 0]], dtype=torch.float64)
     rewards = torch.tensor([[0, 0, 1.0], [0, 0, 3.0], [0, 2.0, 0]], dtype=torch.float64)
@@ -123,17 +126,20 @@ def test_optimal_token_baseline_hand_computed():
     # w = 1 - 2 pi + sum pi^2: row 0: 0.5, 0.5, 0.5 -> W = 0.5, 1.0, 1.5; row 1: 1 - 0.5 + 0.25 = 0.75,
     # (hole), 0.5 -> W = 0.75, -, 1.25. Returns-to-go: row 0: 1, 1, 1; row 1: 3, (0), 3.
     # B_0 = (1*0.5 + 3*0.75) / 1.25 = 2.2; B_1 = row 0 only = 1; B_2 = (1*1.5 + 3*1.25) / 2.75 = 21/11.
-    want = torch.tensor([[1 - 2.2, 1 - 1.0, 1 - 21 / 11], [3 - 2.2, 0.0, 3 - 21 / 11], [2.0, 2.0, 0.0]],
+    # handle_zero_tail: at t=1 row 0 is its group's only valid row, so B_1 = 0 and A = G = 1 there.
+    b1 = 0.0 if zero_tail else 1.0
+    want = torch.tensor([[1 - 2.2, 1 - b1, 1 - 21 / 11], [3 - 2.2, 0.0, 3 - 21 / 11], [2.0, 2.0, 0.0]],
                         dtype=torch.float64)
     inp = AdvantageInput(rewards, mask, group_ids=groups, old_log_probs=pi.log(), sum_pi_squared=spi2)
-    adv, ret = compute_advantages("optimal_token_baseline", inp)
+    adv, ret = compute_advantages("optimal_token_baseline", inp, handle_zero_tail=zero_tail)
     torch.testing.assert_close(adv, want, rtol=1e-7, atol=1e-7)  # 1e-8 in the denominator
     torch.testing.assert_close(ret, torch.tensor([[1, 1, 1], [3, 0, 3], [2, 2, 0]], dtype=torch.float64))
     with pytest.raises(ValueError, match="needs old_log_probs and sum_pi_squared"):
         compute_advantages("optimal_token_baseline", AdvantageInput(rewards, mask, group_ids=groups))
 
 
-def test_optimal_token_baseline_vectorised_equals_loop(gen):
+@pytest.mark.parametrize("zero_tail", [False, True])
+def test_optimal_token_baseline_vectorised_equals_loop(gen, zero_tail):
     B, T = 30, 9
     mask = random_mask(B, T, gen, empty_rows=2).double()
     groups = torch.randint(0, 7, (B,), generator=gen)
@@ -153,10 +159,11 @@ def test_optimal_token_baseline_vectorised_equals_loop(gen):
                 return float(((1 - 2 * logp[j, : t + 1].exp() + spi2[j, : t + 1]) * mask[j, : t + 1]).sum())
 
             valid = [j for j in rows if mask[j, t]]
-            base = 0.0 if len(rows) == 1 else sum(G(j) * W(j) for j in valid) / (sum(W(j) for j in valid) + 1e-8)
+            alone = len(rows) == 1 or (zero_tail and len(valid) == 1)  # no other row valid at t
+            base = 0.0 if alone else sum(G(j) * W(j) for j in valid) / (sum(W(j) for j in valid) + 1e-8)
             want[i, t] = G(i) - base
     inp = AdvantageInput(rewards, mask, group_ids=groups, old_log_probs=logp, sum_pi_squared=spi2)
-    adv, _ = compute_advantages("optimal_token_baseline", inp)
+    adv, _ = compute_advantages("optimal_token_baseline", inp, handle_zero_tail=zero_tail)
     torch.testing.assert_close(adv, want, rtol=1e-10, atol=1e-10)
 
 
