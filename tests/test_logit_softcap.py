@@ -135,3 +135,22 @@ def test_gkd_applies_each_model_s_transform():
     assert torch.allclose(jsd, generalized_jsd(zs, zt, 0.5), atol=2e-5)
     assert torch.allclose(logp, zs.log_softmax(-1).gather(-1, labels[:, None])[:, 0], atol=2e-5)
     assert generalized_jsd(zs, zt, 0.5).mean() > 0.05  # the two models' distributions are far apart
+
+
+def test_unknown_scaling_refused_before_any_model_loads(tiny_model_dir, arith_data, tmp_path, no_model_loads):
+    import json
+    import shutil
+
+    from reinforge.config.load import load_config
+    from reinforge.config.preference import DPOConfig
+    from reinforge.trainers.plan import resolve_supervised
+
+    folder = tmp_path / "scaled"
+    shutil.copytree(tiny_model_dir, folder)
+    cfg_json = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**cfg_json, "logits_scaling": 4.0}))  # qwen2 has no such key
+    overrides = [f"model.path={folder}", f"data.train_files=[{arith_data['prefs']}]", "trainer.device=cpu"]
+    with pytest.raises(ModelLoadError, match=r"^model.path: model_type 'qwen2' declares logits_scaling=4\.0"):
+        resolve_supervised(load_config(DPOConfig, "dpo", overrides))
+    # the model's own forward applies what it applies: the logits path is not refused
+    resolve_supervised(load_config(DPOConfig, "dpo", [*overrides, "model.fused_logprobs=false"]))

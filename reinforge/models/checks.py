@@ -182,3 +182,12 @@ def logit_transform(config) -> tuple[float, float]:
                 "model.fused_logprobs=false (the model's own forward applies it)")
         scale *= float(readers[model_type](value))
     return scale, float(cap) if cap else 0.0
+
+
+def check_logit_transform(folder: str | os.PathLike, key: str) -> None:
+    """Refuse, before any model loads, a model (config key `key`) whose config.json declares a
+    transform of its head's output that `logit_transform` cannot apply (ModelLoadError)."""
+    try:
+        logit_transform(_read_json(Path(folder) / "config.json"))
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{key}: {exc}") from None
