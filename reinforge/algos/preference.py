@@ -52,7 +52,7 @@ def dpo_loss(
     z = (pi_c - pi_r) - (ref_c - ref_r), eps = label_smoothing (the assumed flip rate):
     sigmoid: -(1 - eps) log sigma(beta z) - eps log sigma(-beta z)
              eps = 0: DPO; eps > 0: conservative DPO (cDPO, Mitchell 2023, https://ericmitchell.ai/cdpo.pdf),
-             DPO against soft labels. TRL 1.16's `sigmoid` ignores label_smoothing (its cDPO is gone).
+             DPO against soft labels. TRL 1.16's `sigmoid` ignores label_smoothing.
     robust:  [-(1 - eps) log sigma(beta z) + eps log sigma(-beta z)] / (1 - 2 eps)
              rDPO (Chowdhury et al. 2024, https://arxiv.org/abs/2403.00409): an unbiased estimate of
              the clean-label DPO loss under flip rate eps < 1/2 (TRL's `robust`); eps = 0 is DPO.
