@@ -166,7 +166,7 @@ def logit_transform(config) -> tuple[float, float]:
     text = get("text_config")
     if text and not isinstance(config, dict) and hasattr(config, "get_text_config"):
         text = config.get_text_config()
-    if text:
+    if text and text is not config:
         return logit_transform(text)
     model_type = get("model_type") or "?"
     cap = get(SOFTCAP_KEY)
