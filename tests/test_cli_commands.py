@@ -113,7 +113,7 @@ def test_hints_name_the_full_key(tiny_model_dir, arith_data, capsys):
         (["config", "--no-validate", "rollout.nn=3"], "unknown config key 'rollout.nn'; did you mean 'rollout.n'?"),
         (["config", "--no-validate", "rollout.n=abc"], "config key 'rollout.n': Value 'abc' of type 'str' could not"),
         (["dpo", model, prefs, "dpo.label_smoothing=0.1", "dpo.loss_type=ipo", "--dry-run"],
-         "dpo.label_smoothing=0.1 applies to dpo.loss_type=sigmoid only, not 'ipo'"),
+         "dpo.label_smoothing=0.1 applies to dpo.loss_type=sigmoid (cDPO) or robust (rDPO), not 'ipo'"),
         (["rm", model, prefs, "trainer.total_steps=0", "trainer.epochs=0", "--dry-run"],
          "set trainer.total_steps > 0 or trainer.epochs > 0"),
         (["sft", model, f"data.train_files=[{arith_data['sft']}]", f"eval.prompt_files=[{arith_data['test']}]",

@@ -107,7 +107,7 @@ def test_rl_lr_schedule_checked(tiny_model_dir, arith_data, tmp_path, preset, ke
     (SFTConfig, "sft", "data.train_files=[]", "data.train_files is empty: give at least one parquet/JSONL file"),
     (DPOConfig, "prefs", "optim.lr_schedule=cosinus", "optim.lr_schedule='cosinus': constant, cosine or linear"),
     (DPOConfig, "prefs", "data.overlong=truncate_right", "data.overlong='truncate_right': error or skip"),
-    (DPOConfig, "prefs", "dpo.loss_type=nope", r"dpo.loss_type='nope' is not known; valid: \['sigmoid', 'ipo', 'hinge'\]"),
+    (DPOConfig, "prefs", "dpo.loss_type=nope", r"dpo.loss_type='nope' is not known; valid: \['sigmoid', 'ipo', 'hinge', 'robust'\]"),
     (RMConfig, "prefs", "optim.micro_batch_size=0", r"optim.micro_batch_size=0 is out of range; valid range: \[1, inf\)"),
     (RMConfig, "prefs", "data.train_files=[]", "give at least one prompt/chosen/rejected file"),
 ])

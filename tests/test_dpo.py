@@ -61,10 +61,12 @@ def test_dpo_learns_the_preference(tiny_model_dir, small_prefs, tmp_path):
     assert (tmp_path / "hf" / "config.json").exists() and (tmp_path / "checkpoints" / "step_12").is_dir()
 
 
-def test_cached_reference_equals_live(tiny_model_dir, small_prefs, tmp_path, monkeypatch):
-    live = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path / "a")))
+@pytest.mark.parametrize("reduction", ["auto", "mean"])  # the cache holds sums; means divide by the batch's counts
+def test_cached_reference_equals_live(tiny_model_dir, small_prefs, tmp_path, monkeypatch, reduction):
+    live = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path / "a", **{
+        "dpo.reduction": reduction})))
     cached = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(
-        tiny_model_dir, small_prefs, tmp_path / "b", **{"dpo.precompute_ref": True})))
+        tiny_model_dir, small_prefs, tmp_path / "b", **{"dpo.precompute_ref": True, "dpo.reduction": reduction})))
     assert cached.reference is None and (tmp_path / "b" / "ref_logps.pt").exists()
     # Move the policy away from the reference so the reference term matters.
     with torch.no_grad():
@@ -89,20 +91,22 @@ def test_cached_reference_equals_live(tiny_model_dir, small_prefs, tmp_path, mon
 
     monkeypatch.setattr(dpo_module, "load_causal_lm", load_policy_only)
     again = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(
-        tiny_model_dir, small_prefs, tmp_path / "b", **{"dpo.precompute_ref": True})))
+        tiny_model_dir, small_prefs, tmp_path / "b", **{"dpo.precompute_ref": True, "dpo.reduction": reduction})))
     assert torch.equal(again.ref_cache["train"], cached.ref_cache["train"])
 
 
 # At step 1 the policy is the reference, so z = 0 and (with beta = 0.5 from _overrides):
 #   ipo (z - 1/(2 beta))^2 = 1/(4 beta^2) = 1;  hinge relu(1 - beta z) = 1;
 #   sigmoid with label smoothing ls: -(1 - ls) log sigma(0) - ls log sigma(0) = log 2, plus
-#   nll_coef x the chosen responses' mean per-token NLL (logged as nll/chosen).
+#   nll_coef x the chosen responses' mean per-token NLL (logged as nll/chosen);
+#   robust (rDPO) with eps: ((1 - eps) log 2 - eps log 2) / (1 - 2 eps) = log 2.
 @pytest.mark.parametrize("extra, step1_loss", [
     ({"dpo.loss_type": "ipo"}, lambda row: 1 / (4 * 0.5 ** 2)),
     ({"dpo.loss_type": "hinge"}, lambda row: 1.0),
+    ({"dpo.loss_type": "robust", "dpo.label_smoothing": 0.2}, lambda row: math.log(2)),
     ({"dpo.reduction": "mean", "dpo.label_smoothing": 0.1, "dpo.nll_coef": 0.5},
      lambda row: math.log(2) + 0.5 * row["nll/chosen"]),
-], ids=["ipo", "hinge", "sigmoid-mean-ls-nll"])
+], ids=["ipo", "hinge", "robust", "sigmoid-mean-ls-nll"])
 def test_loss_variants_run(tiny_model_dir, small_prefs, tmp_path, extra, step1_loss):
     trainer = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(
         tiny_model_dir, small_prefs, tmp_path, **{"trainer.total_steps": 2, **extra})))
@@ -182,3 +186,86 @@ def test_cli_summary(tiny_model_dir, small_prefs, arith_data, tmp_path, capsys):
     assert "val/arithmetic/" not in out, out
     assert f"run directory: {tmp_path}" in out and f"model: {tmp_path / 'hf'}" in out, out
     assert list((tmp_path / "samples").glob("step_*.jsonl"))
+
+
+# ---- dpo.reduction tied to the loss type; TRL's logged rewards --------------------------------
+
+@pytest.mark.parametrize("preset, loss_type, resolved", [
+    ("dpo", "sigmoid", "sum"), ("dpo", "robust", "sum"), ("dpo", "hinge", "sum"), ("dpo", "ipo", "mean"),
+    ("dpo", "simpo", "mean"), ("dpo", "orpo", "mean"), ("dpo", "cpo", "sum"), ("dpo", "kto", "sum"),
+    ("simpo", "simpo", "mean"), ("orpo", "orpo", "mean"), ("kto", "kto", "sum")])
+def test_reduction_auto_follows_the_loss_type(tiny_model_dir, small_prefs, tmp_path, preset, loss_type, resolved):
+    """`--config dpo dpo.loss_type=ipo` gets IPO's token means, not the base preset's sums; the
+    run's config.yaml records the resolved value."""
+    from reinforge.trainers.plan import plan_supervised
+
+    cfg = load_config(DPOConfig, preset, _overrides(tiny_model_dir, small_prefs, tmp_path,
+                                                     **{"dpo.loss_type": loss_type}))
+    given = cfg.dpo.reduction  # auto from the dpo preset; the others spell theirs out
+    assert given == "auto" or preset != "dpo"
+    plan = plan_supervised(cfg)
+    assert plan.cfg.dpo.reduction == resolved and plan.to_dict()["dpo"]["reduction"] == resolved
+    assert cfg.dpo.reduction == given  # the loaded config is not changed
+
+
+@pytest.mark.parametrize("loss_type, reduction, words", [
+    ("simpo", "sum", "defined on mean log-probs: set dpo.reduction=auto (summed log-probs without a margin are "
+                     "dpo.loss_type=cpo)"),
+    ("cpo", "mean", "dpo.loss_type=simpo dpo.simpo_gamma=0"),
+    ("orpo", "sum", "defined on mean log-probs"),
+    ("kto", "mean", "defined on sum log-probs"),
+    ("hinge", "mean", "defined on sum log-probs"),
+    ("robust", "mean", "defined on sum log-probs"),
+])
+def test_reduction_without_published_meaning_is_refused(tiny_model_dir, small_prefs, tmp_path, loss_type, reduction,
+                                                        words):
+    from reinforge.config.load import ConfigError
+    from reinforge.trainers.plan import plan_supervised
+
+    cfg = load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path, **{
+        "dpo.loss_type": loss_type, "dpo.reduction": reduction}))
+    with pytest.raises(ConfigError, match=f"^dpo.reduction={reduction} has no published meaning with "
+                                          f"dpo.loss_type={loss_type}") as e:
+        plan_supervised(cfg)
+    assert words in str(e.value)
+
+
+@pytest.mark.parametrize("loss_type, reduction", [("sigmoid", "mean"), ("ipo", "sum")])
+def test_reduction_both_published_forms_accepted(tiny_model_dir, small_prefs, tmp_path, loss_type, reduction):
+    from reinforge.trainers.plan import plan_supervised
+
+    cfg = load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path, **{
+        "dpo.loss_type": loss_type, "dpo.reduction": reduction}))
+    assert plan_supervised(cfg).cfg.dpo.reduction == reduction
+
+
+# Token log-probs by hand (row b: pair b's chosen, row B + b: its rejected), 4 positions.
+# Pair 0: chosen 1 token with log-ratio +0.1, rejected 4 tokens with +0.05 each:
+#   token means: z = 0.1 - 0.05 = 0.05 > 0;  sums: 0.1 - 0.2 = -0.1 < 0 (the pair flips).
+# Pair 1: chosen 2 tokens with +0.2, rejected 2 tokens with -0.1: z = 0.3 (means), 0.6 (sums).
+_POLICY = [[-1.0, 0, 0, 0], [-0.3, -0.3, 0, 0], [-0.5, -0.5, -0.5, -0.5], [-0.6, -0.6, 0, 0]]
+_RATIO = [[0.1, 0, 0, 0], [0.2, 0.2, 0, 0], [0.05, 0.05, 0.05, 0.05], [-0.1, -0.1, 0, 0]]
+_MASK = [[1, 0, 0, 0], [1, 1, 0, 0], [1, 1, 1, 1], [1, 1, 0, 0]]
+
+
+def test_logged_rewards_are_trl_s_sums_under_mean_reduction(tiny_model_dir, small_prefs, tmp_path, monkeypatch):
+    trainer = DPOTrainer(load_config(DPOConfig, "dpo", _overrides(tiny_model_dir, small_prefs, tmp_path, **{
+        "dpo.reduction": "mean"})))  # beta 0.5
+    pol = torch.tensor(_POLICY, dtype=torch.float64)
+    ref = pol - torch.tensor(_RATIO, dtype=torch.float64)
+    mask = torch.tensor(_MASK, dtype=torch.float64)
+
+    def by_hand(model, batch, model_cfg):
+        return (ref if model is trainer.reference else pol), mask
+
+    monkeypatch.setattr(dpo_module, "response_token_logps", by_hand)
+    loss, m = trainer.pair_loss([trainer.train[0], trainer.train[1]])
+    ls = lambda x: -math.log1p(math.exp(-x))  # log sigma(x)
+    assert loss.item() == pytest.approx(-(ls(0.5 * 0.05) + ls(0.5 * 0.3)) / 2, abs=1e-12)  # the loss: means
+    # the metrics: beta (sum pi - sum ref) and summed log-probs, as TRL's DPOTrainer logs them
+    assert m["rewards/chosen"].item() == pytest.approx(0.5 * (0.1 + 0.4) / 2, abs=1e-12)
+    assert m["rewards/rejected"].item() == pytest.approx(0.5 * (0.2 - 0.2) / 2, abs=1e-12)
+    assert m["rewards/margins"].item() == pytest.approx(0.5 * (-0.1 + 0.6) / 2, abs=1e-12)
+    assert m["rewards/accuracies"].item() == 0.5  # token means would give 1.0
+    assert m["logps/chosen"].item() == pytest.approx((-1.0 - 0.6) / 2, abs=1e-12)
+    assert m["logps/rejected"].item() == pytest.approx((-2.0 - 1.2) / 2, abs=1e-12)

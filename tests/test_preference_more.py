@@ -137,6 +137,37 @@ def test_kto_by_hand():
     assert kto_reference_point(torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -2.0])).item() == 0.5
 
 
+def test_kto_mismatched_pairs_are_trl_s_cycle():
+    from reinforge.algos.preference import kto_mismatched_index, kto_reference_point
+
+    # TRL: KL_completion_ids = [y_{n-1}, y_0, ..., y_{n-2}]: prompt i meets completion i - 1.
+    assert kto_mismatched_index(4) == [3, 0, 1, 2]
+    assert kto_mismatched_index(2) == [1, 0]
+    # Log-ratios pi - ref of prompt i with completion j, by hand: LR[i][j].
+    LR = [[0.0, 0.4, -0.2, 1.0],
+          [0.8, 0.0, 0.6, -1.0],
+          [0.3, 0.1, 0.0, 0.5],
+          [-0.4, 0.2, 1.2, 0.0]]
+    idx = kto_mismatched_index(4)
+    pol = torch.tensor([LR[i][j] for i, j in enumerate(idx)], dtype=torch.float64)  # ref = 0
+    z0 = kto_reference_point(pol, torch.zeros(4, dtype=torch.float64))
+    assert z0.item() == pytest.approx((1.0 + 0.8 + 0.1 + 1.2) / 4, abs=1e-12)  # 0.775
+    # the i + 1 cycle would read [0.4, 0.6, 0.5, -0.4]: mean 0.275
+
+
+def test_kto_weights_in_the_log_probs_dtype():
+    from reinforge.algos.preference import kto_loss
+
+    policy = torch.tensor([-1.0, -2.0], dtype=torch.float64)
+    ref = torch.tensor([-1.5, -1.5], dtype=torch.float64)  # r = [0.5, -0.5]
+    loss, _ = kto_loss(policy, ref, torch.tensor([True, False]), torch.tensor(0.0, dtype=torch.float64), beta=0.1,
+                       desirable_weight=0.1, undesirable_weight=0.3)
+    # 0.1 and 0.3 as fp64 (an fp32 weight cast up is 0.10000000149...: off by 1.5e-9 relative)
+    expected = (0.1 * (1 - sigmoid(0.1 * 0.5)) + 0.3 * (1 - sigmoid(0.1 * 0.5))) / 2
+    assert loss.dtype == torch.float64
+    assert loss.item() == pytest.approx(expected, rel=1e-14)
+
+
 def test_kto_reference_point_carries_no_gradient():
     from reinforge.algos.preference import kto_loss, kto_reference_point
 
@@ -204,16 +235,20 @@ def test_kto_kl_uses_mismatched_pairs_and_accumulates_exactly(tiny_model_dir, un
         for p in trainer.reference.parameters():
             p.add_(0.05 * torch.randn_like(p))
     items = [trainer.train[i] for i in range(8)]
-    # z0 by hand: prompt i scored with the completion of item i + 1 (mod 8).
-    shifted = [{"prompt_ids": items[i]["prompt_ids"], "completion_ids": items[(i + 1) % 8]["completion_ids"]}
-               for i in range(8)]
-    batch = unpaired_tensors(shifted, trainer.pad_id, trainer.device)
-    with torch.no_grad():
-        diff = (policy_sequence_logps(trainer.model, batch, trainer.cfg.model, "sum")
-                - policy_sequence_logps(trainer.reference, batch, trainer.cfg.model, "sum"))
+
+    def mean_log_ratio(shift: int) -> float:  # prompt i scored with the completion of item i + shift (mod 8)
+        shifted = [{"prompt_ids": items[i]["prompt_ids"], "completion_ids": items[(i + shift) % 8]["completion_ids"]}
+                   for i in range(8)]
+        batch = unpaired_tensors(shifted, trainer.pad_id, trainer.device)
+        with torch.no_grad():
+            return (policy_sequence_logps(trainer.model, batch, trainer.cfg.model, "sum")
+                    - policy_sequence_logps(trainer.reference, batch, trainer.cfg.model, "sum")).mean().item()
+
     kl = trainer.kl_reference_point(items)
-    assert diff.mean().item() > 0.05  # the clamp at 0 is not what is tested here
-    assert kl.item() == pytest.approx(diff.mean().item(), abs=1e-5)
+    expected = mean_log_ratio(-1)  # TRL's pairing: completion i - 1
+    assert expected > 0.05  # the clamp at 0 is not what is tested here
+    assert kl.item() == pytest.approx(expected, abs=1e-5)
+    assert abs(mean_log_ratio(+1) - expected) > 1e-3  # the other cycle would give another z0
 
     def grads(micro: int) -> torch.Tensor:  # one step's gradient with micro-batches of `micro`
         trainer.model.zero_grad()

@@ -26,6 +26,7 @@ from __future__ import annotations
 import torch
 
 from .fused_logprobs import FUSED_CHUNK_ELEMENTS
+from .logit_cap import cap_logits
 from .logprobs import _acc_dtype
 
 DISTILL_MODES = ("reverse_kl", "gkd")
@@ -70,11 +71,12 @@ def _kl(log_a: torch.Tensor, log_b: torch.Tensor) -> torch.Tensor:
     return (log_a.exp() * (log_a - log_b)).sum(-1)
 
 
-def _chunk_terms(hs, ws, ht, wt, labels, beta, temperature):
-    """One chunk: (jsd, log-prob of labels, student entropy), each (n,), from hidden states."""
+def _chunk_terms(hs, ws, ht, wt, labels, beta, temperature, s_cap=(1.0, 0.0), t_cap=(1.0, 0.0)):
+    """One chunk: (jsd, log-prob of labels, student entropy), each (n,), from hidden states.
+    s_cap / t_cap: each model's own (scale, softcap) of its head's output (algos/logit_cap.py)."""
     acc = _acc_dtype(hs.dtype)
-    zs = (hs.to(acc) @ ws.to(acc).T) / temperature  # (n, V)
-    zt = (ht.to(acc) @ wt.to(acc).T) / temperature
+    zs = cap_logits(hs.to(acc) @ ws.to(acc).T, *s_cap) / temperature  # (n, V)
+    zt = cap_logits(ht.to(acc) @ wt.to(acc).T, *t_cap) / temperature
     log_q = torch.log_softmax(zs, -1)
     logp = log_q.gather(-1, labels[:, None]).squeeze(-1)
     ent = -(log_q.exp() * log_q).sum(-1)
@@ -86,15 +88,16 @@ class _ChunkedDistill(torch.autograd.Function):
     differentiates the same formula, so no (N, V) tensor lives past its chunk."""
 
     @staticmethod
-    def forward(ctx, hs, ws, ht, wt, labels, beta, temperature, chunk):
+    def forward(ctx, hs, ws, ht, wt, labels, beta, temperature, chunk, s_cap=(1.0, 0.0), t_cap=(1.0, 0.0)):
         outs = [[], [], []]
         with torch.no_grad():
             for s in range(0, hs.shape[0], chunk):
                 sl = slice(s, s + chunk)
-                for o, x in zip(outs, _chunk_terms(hs[sl], ws, ht[sl], wt, labels[sl], beta, temperature)):
+                for o, x in zip(outs, _chunk_terms(hs[sl], ws, ht[sl], wt, labels[sl], beta, temperature, s_cap,
+                                                   t_cap)):
                     o.append(x)
         ctx.save_for_backward(hs, ws, ht, wt, labels)
-        ctx.beta, ctx.temperature, ctx.chunk = beta, temperature, chunk
+        ctx.beta, ctx.temperature, ctx.chunk, ctx.caps = beta, temperature, chunk, (s_cap, t_cap)
         return tuple(torch.cat(o) for o in outs)
 
     @staticmethod
@@ -106,27 +109,32 @@ class _ChunkedDistill(torch.autograd.Function):
             sl = slice(s, s + ctx.chunk)
             with torch.enable_grad():
                 h, w = hs[sl].detach().requires_grad_(), ws.detach().requires_grad_()
-                jsd, logp, ent = _chunk_terms(h, w, ht[sl], wt, labels[sl], ctx.beta, ctx.temperature)
+                jsd, logp, ent = _chunk_terms(h, w, ht[sl], wt, labels[sl], ctx.beta, ctx.temperature, *ctx.caps)
                 total = (jsd * g_jsd[sl]).sum() + (logp * g_logp[sl]).sum() + (ent * g_ent[sl]).sum()
                 gh, gw = torch.autograd.grad(total, (h, w))
             grad_h[sl] = gh
             grad_w += gw
-        return grad_h, grad_w.to(ws.dtype), None, None, None, None, None, None
+        return grad_h, grad_w.to(ws.dtype), None, None, None, None, None, None, None, None
 
 
 def chunked_distill_from_hidden(student_hidden: torch.Tensor, student_head: torch.Tensor,
                                 teacher_hidden: torch.Tensor, teacher_head: torch.Tensor, labels: torch.Tensor,
-                                beta: float, temperature: float = 1.0, chunk_size: int | None = None):
+                                beta: float, temperature: float = 1.0, chunk_size: int | None = None,
+                                student_cap: tuple[float, float] = (1.0, 0.0),
+                                teacher_cap: tuple[float, float] = (1.0, 0.0)):
     """GKD's per-token JSD_beta, and the student's log-probs of `labels` and entropies, from the
     last hidden states and LM heads, chunked over tokens like `fused_logprobs_from_hidden`.
 
     student_hidden (N, H), student_head (V, H), teacher_hidden (N, H'), teacher_head (V, H'),
     labels (N,). -> (jsd, logp, entropy), each (N,) fp32 (at least); gradients flow to the
     student's hidden states and head only. chunk_size None / <= 0: FUSED_CHUNK_ELEMENTS logits.
+    student_cap / teacher_cap: each model's (scale, softcap) of its head's output, applied before
+    the temperature as the models' own forwards do (models/checks.logit_transform; (1, 0): none).
     """
     if student_head.shape[0] != teacher_head.shape[0]:
         raise ValueError(f"student and teacher vocabularies differ: {student_head.shape[0]} vs {teacher_head.shape[0]}")
     if not chunk_size or chunk_size <= 0:
         chunk_size = max(1, FUSED_CHUNK_ELEMENTS // student_head.shape[0])
     return _ChunkedDistill.apply(student_hidden, student_head, teacher_hidden.detach(), teacher_head.detach(), labels,
-                                 float(beta), float(temperature), int(chunk_size))
+                                 float(beta), float(temperature), int(chunk_size),
+                                 tuple(map(float, student_cap)), tuple(map(float, teacher_cap)))

@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import torch
 
+from .logit_cap import cap_logits_, cap_slope
 from .logprobs import _acc_dtype, _chunk_forward, _chunk_grad_, sampling_filter_
 
 
-def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, acc) -> torch.Tensor:
-    """(n, H) @ (V, H).T / T -> (n, V) in the compute dtype (a fresh, writable buffer)."""
-    z = (h @ weight.T).to(acc)
+def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, acc, scale: float = 1.0,
+                  softcap: float = 0.0) -> torch.Tensor:
+    """cap(scale, softcap)((n, H) @ (V, H).T) / T -> (n, V) in the compute dtype (a fresh, writable
+    buffer); the model's own logit transform (algos/logit_cap.py) comes before the temperature."""
+    z = cap_logits_((h @ weight.T).to(acc), scale, softcap)
     return z.div_(temperature) if temperature != 1.0 else z
 
 
 class _FusedLogProb(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, top_k=0, top_p=1.0):
+    def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, top_k=0, top_p=1.0,
+                scale=1.0, softcap=0.0):
         acc = _acc_dtype(hidden.dtype)
         N = hidden.shape[0]
         lse = torch.empty(N, dtype=acc, device=hidden.device)
@@ -33,7 +37,7 @@ class _FusedLogProb(torch.autograd.Function):
         ent = torch.empty_like(lse) if with_entropy else None
         for s in range(0, N, chunk_size):
             sl = slice(s, min(s + chunk_size, N))
-            z = _chunk_logits(hidden[sl], weight, temperature, acc)  # (n, V)
+            z = _chunk_logits(hidden[sl], weight, temperature, acc, scale, softcap)  # (n, V)
             sampling_filter_(z, top_k, top_p, labels[sl])
             lse[sl], logp[sl], e = _chunk_forward(z, labels[sl], with_entropy)
             if with_entropy:
@@ -41,6 +45,7 @@ class _FusedLogProb(torch.autograd.Function):
             del z
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
         ctx.temperature, ctx.chunk_size, ctx.top_k, ctx.top_p = temperature, chunk_size, top_k, top_p
+        ctx.scale, ctx.softcap = scale, softcap
         return (logp, ent) if with_entropy else logp
 
     @staticmethod
@@ -57,13 +62,17 @@ class _FusedLogProb(torch.autograd.Function):
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, min(s + chunk, hidden.shape[0]))
             h = hidden[sl]
-            z = _chunk_logits(h, weight, T, acc)  # recompute (n, V)
+            z = _chunk_logits(h, weight, T, acc, ctx.scale, ctx.softcap)  # recompute (n, V)
+            # the transform's slope, read before the filter and the gradient overwrite z
+            slope = cap_slope(z, T, ctx.scale, ctx.softcap) if ctx.softcap > 0 or ctx.scale != 1.0 else None
             removed = sampling_filter_(z, ctx.top_k, ctx.top_p, labels[sl])
             e = None if ent is None else ent[sl]
             ge = None if g_ent is None else g_ent[sl]
             dz = _chunk_grad_(z, lse[sl], e, labels[sl], g_logp[sl], ge, T)  # d/dlogits (n, V)
             if removed is not None:  # filtered logits get no gradient
                 dz.masked_fill_(removed, 0.0)
+            if slope is not None:  # through the logit transform, to hidden @ weight.T
+                dz.mul_(slope)
             if need_h:
                 grad_h[sl] = (dz @ w_acc).to(hidden.dtype)
             if need_w:
@@ -71,7 +80,7 @@ class _FusedLogProb(torch.autograd.Function):
             del z, dz
         if need_w:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None, None
 
 
 FUSED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk: 16 MiB in fp32 (131 tokens at V = 32000)
@@ -86,8 +95,10 @@ def fused_logprobs_from_hidden(
     return_entropy: bool = False,
     top_k: int = 0,
     top_p: float = 1.0,
+    logit_scale: float = 1.0,
+    logit_softcap: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-probs of ``labels`` under softmax(hidden @ weight.T / T), chunked over tokens.
+    """Log-probs of ``labels`` under softmax(cap(hidden @ weight.T) / T), chunked over tokens.
 
     hidden (N, H), weight (V, H) (the LM head, no bias), labels (N,) int64 in [0, V).
     -> (logp (N,), entropy (N,) or None). Gradients flow to hidden and weight, through the
@@ -95,6 +106,8 @@ def fused_logprobs_from_hidden(
     ``chunk_size`` tokens per chunk; None (or <= 0) sizes chunks to FUSED_CHUNK_ELEMENTS logits, so the
     transient (chunk, V) buffers stay a few tens of MB whatever the vocabulary.
     ``top_k`` / ``top_p``: the rollout's sampling filter (``logprobs.sampling_filter_``).
+    ``logit_scale`` / ``logit_softcap``: the model's own transform of its head's output
+    (``logit_cap.cap_logits``; models/checks.logit_transform reads it from the config); 1 / 0: none.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError("expected hidden (N, H), weight (V, H), labels (N,)")
@@ -102,7 +115,7 @@ def fused_logprobs_from_hidden(
         chunk_size = max(1, FUSED_CHUNK_ELEMENTS // weight.shape[0])
     if return_entropy:
         logp, ent = _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, True,
-                                        int(top_k), float(top_p))
+                                        int(top_k), float(top_p), float(logit_scale), float(logit_softcap))
         return logp, ent
     return _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, False,
-                               int(top_k), float(top_p)), None
+                               int(top_k), float(top_p), float(logit_scale), float(logit_softcap)), None

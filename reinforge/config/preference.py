@@ -8,7 +8,7 @@ run's plan from them).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import ClassVar, Optional
 
 from reinforge.config.common import GenEvalConfig, OptimConfig, RootConfig, SupervisedRunConfig
@@ -16,7 +16,29 @@ from reinforge.config.schema import ModelConfig
 from reinforge.config.ranges import check_ranges
 from reinforge.config.validate import check_model_path, need, normalize_reward_functions, validate_supervised
 
-REDUCTIONS = ("sum", "mean")
+REDUCTIONS = ("auto", "sum", "mean")
+
+# dpo.reduction per loss type: the default `auto` resolves to the first entry (the published
+# form, and TRL's), a second entry is the other published form; any other combination is refused.
+LOSS_REDUCTIONS = {
+    "sigmoid": ("sum", "mean"),  # mean: length-normalised DPO (TRL's sigmoid_norm: (pi - ref) / |y|)
+    "robust": ("sum",),  # rDPO on sequence log-probs (TRL's `robust`)
+    "ipo": ("mean", "sum"),  # mean: TRL and the IPO authors; sum: Eq. 17 on sequence log-probs as written
+    "hinge": ("sum",),  # SLiC's sequence log-likelihoods
+    "simpo": ("mean",),  # SimPO's reward is the length-normalised log-likelihood
+    "cpo": ("sum",),
+    "orpo": ("mean",),  # ORPO's odds are of the token-mean likelihood
+    "kto": ("sum",),  # KTO's log-ratio is of sequence log-probs
+}
+REDUCTION_HINTS = {  # what to use instead of a refused combination
+    ("simpo", "sum"): "summed log-probs without a margin are dpo.loss_type=cpo",
+    ("cpo", "mean"): "token means with cpo are SimPO without a margin: dpo.loss_type=simpo dpo.simpo_gamma=0",
+}
+
+
+def resolved_reduction(loss_type: str, reduction: str) -> str:
+    """dpo.reduction with `auto` resolved for `loss_type` (LOSS_REDUCTIONS; unknown losses: sum)."""
+    return LOSS_REDUCTIONS.get(loss_type, ("sum",))[0] if reduction == "auto" else reduction
 
 
 @dataclass
@@ -44,7 +66,7 @@ class DPOParams:
     beta: float = 0.1
     """Strength of the implicit KL to the reference (smaller: the policy may move further)."""
     loss_type: str = "sigmoid"
-    """sigmoid (DPO), ipo, hinge (SLiC), the reference-free simpo, cpo, orpo (no reference model
+    """sigmoid (DPO; cDPO with label_smoothing), robust (rDPO), ipo, hinge (SLiC), the reference-free simpo, cpo, orpo (no reference model
     is loaded: ref_model_path and precompute_ref do not apply), or kto (unpaired rows
     prompt/completion/label; paired rows count as one desirable and one undesirable row)."""
     simpo_gamma: float = 1.0
@@ -55,9 +77,14 @@ class DPOParams:
     """kto only: weight of the undesirable completions' loss (lambda_U); the KTO paper advises
     lambda_D n_D / (lambda_U n_U) in [1, 4/3] when the classes are imbalanced."""
     label_smoothing: float = 0.0
-    """sigmoid only: assumed probability that a pair's label is flipped (conservative DPO)."""
-    reduction: str = "sum"
-    """Sequence log-prob: sum of token log-probs (the paper) or their mean (length-normalised)."""
+    """sigmoid and robust: assumed probability eps that a pair's label is flipped; sigmoid
+    computes conservative DPO (cDPO, soft labels), robust rDPO (unbiased under flips)."""
+    reduction: str = "auto"
+    """Sequence log-prob: sum of token log-probs or their mean (length-normalised); auto picks the
+    loss's published form (TRL's): mean for ipo, simpo, orpo, sum for sigmoid, robust, hinge, cpo,
+    kto. sigmoid also takes mean (length-normalised DPO), ipo sum; other combinations are refused.
+    The run's config.yaml records the resolved value. Logged rewards/* and logps/* of the losses with
+    a reference (and kto) are on sums whatever this is, as TRL logs them."""
     nll_coef: float = 0.0
     """Weight of a per-token NLL term on the chosen response (RPO, https://arxiv.org/abs/2404.19733);
     0 is plain DPO."""
@@ -123,8 +150,15 @@ def validate_preference(cfg: _PrefConfig) -> _PrefConfig:
              f"dpo.loss_type={p.loss_type!r} is not known; valid: {list(PAIRED_WITH_REFERENCE)}, the reference-free "
              f"{list(REFERENCE_FREE)} or the unpaired {list(UNPAIRED)}")
         need(p.reduction in REDUCTIONS, f"dpo.reduction={p.reduction!r} is not known; valid: {list(REDUCTIONS)}")
-        need(p.label_smoothing == 0 or p.loss_type == "sigmoid",
-             f"dpo.label_smoothing={p.label_smoothing} applies to dpo.loss_type=sigmoid only, not {p.loss_type!r}")
+        allowed = LOSS_REDUCTIONS[p.loss_type]
+        hint = REDUCTION_HINTS.get((p.loss_type, p.reduction))
+        need(p.reduction == "auto" or p.reduction in allowed,
+             f"dpo.reduction={p.reduction} has no published meaning with dpo.loss_type={p.loss_type}, which is "
+             f"defined on {' or '.join(allowed)} log-probs: set dpo.reduction=auto"
+             + (f" ({hint})" if hint else ""))
+        need(p.label_smoothing == 0 or p.loss_type in ("sigmoid", "robust"),
+             f"dpo.label_smoothing={p.label_smoothing} applies to dpo.loss_type=sigmoid (cDPO) or robust (rDPO), "
+             f"not {p.loss_type!r}")
         need(p.loss_type not in UNPAIRED or not (p.precompute_ref or p.nll_coef),
              f"dpo.loss_type={p.loss_type} scores the reference on each batch's mismatched pairs and has no "
              "chosen response: unset dpo.precompute_ref and dpo.nll_coef")
@@ -136,3 +170,11 @@ def validate_preference(cfg: _PrefConfig) -> _PrefConfig:
             check_model_path(p.ref_model_path, "dpo.ref_model_path")
     validate_supervised(cfg, dpo.eval if dpo is not None else None)
     return cfg
+
+
+def resolve_preference(cfg: _PrefConfig) -> _PrefConfig:
+    """`cfg` (already validated) with its derived settings resolved, as a new config: DPO's
+    dpo.reduction=auto becomes the loss type's reduction (the value config.yaml records)."""
+    if not isinstance(cfg, DPOConfig):
+        return cfg
+    return replace(cfg, dpo=replace(cfg.dpo, reduction=resolved_reduction(cfg.dpo.loss_type, cfg.dpo.reduction)))

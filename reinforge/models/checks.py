@@ -139,3 +139,55 @@ def check_tokenizer_files(folder: str | os.PathLike, key: str, trust_remote_code
     if trust_remote_code and tok_config.is_file() and "auto_map" in _read_json(tok_config):
         return  # a custom tokenizer class shipped with the model reads files of its own
     raise ModelLoadError(f"{key}='{folder}' has no tokenizer files (none of {', '.join(TOKENIZER_FILES)}): {fix}")
+
+
+# How a causal LM transforms its head's output z = hidden @ head.T before the softmax, read from
+# its config, for the paths that compute logits from the head's weight (the fused log-probs, GKD):
+# logits = cap * tanh(scale * z / cap), or scale * z without a cap (algos/logit_cap.py). A key
+# means what its model type makes of it: HyperCLOVA X multiplies by `logits_scaling` where
+# Granite divides, so a scaling key under a model type not listed here is refused, not guessed.
+SOFTCAP_KEY = "final_logit_softcapping"  # Gemma-2/3/3n, VaultGemma, nanochat: the same meaning everywhere
+LOGIT_SCALES = {  # key -> {model_type: how the value becomes `scale`}
+    "logit_scale": {t: (lambda v: v) for t in ("cohere", "cohere2", "cohere2_moe")},
+    "logits_scaling": {**{t: (lambda v: 1.0 / v) for t in (
+        "granite", "granitemoe", "granitemoeshared", "granitemoehybrid", "granite_swa", "granitemoe_swa",
+        "minicpm3")},  # MiniCPM3 divides the hidden states before the (bias-free) head: the same
+        "hyperclovax": lambda v: v},
+    "lm_head_multiplier": {"falcon_h1": lambda v: v},
+    "output_multiplier": {},  # MuseSpark / MuseGlimmer: before the cap, on a multimodal text_config
+}
+
+
+def logit_transform(config) -> tuple[float, float]:
+    """(scale, softcap) of the model's own transform of its head's output (1.0, 0.0: none), from
+    its config: a transformers config object or a config.json dict (its text config for a
+    multimodal one). ModelLoadError for a declared transform this table does not know how to apply."""
+    get = config.get if isinstance(config, dict) else (lambda k, d=None: getattr(config, k, d))
+    text = get("text_config")
+    if text and not isinstance(config, dict) and hasattr(config, "get_text_config"):
+        text = config.get_text_config()
+    if text and text is not config:
+        return logit_transform(text)
+    model_type = get("model_type") or "?"
+    cap = get(SOFTCAP_KEY)
+    scale = 1.0
+    for key, readers in LOGIT_SCALES.items():
+        value = get(key)
+        if value is None or value == 1:
+            continue
+        if model_type not in readers:
+            raise ModelLoadError(
+                f"model_type {model_type!r} declares {key}={value}, a transform of the LM head's output that "
+                "reinforge's fused log-prob path (and teacher.mode=gkd) does not know how to apply for it: set "
+                "model.fused_logprobs=false (the model's own forward applies it)")
+        scale *= float(readers[model_type](value))
+    return scale, float(cap) if cap else 0.0
+
+
+def check_logit_transform(folder: str | os.PathLike, key: str) -> None:
+    """Refuse, before any model loads, a model (config key `key`) whose config.json declares a
+    transform of its head's output that `logit_transform` cannot apply (ModelLoadError)."""
+    try:
+        logit_transform(_read_json(Path(folder) / "config.json"))
+    except ModelLoadError as exc:
+        raise ModelLoadError(f"{key}: {exc}") from None

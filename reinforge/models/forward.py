@@ -11,6 +11,7 @@ from __future__ import annotations
 import torch
 
 from reinforge.algos.logprobs import logprobs_and_entropy_from_logits, logprobs_from_logits
+from reinforge.models.checks import logit_transform
 
 
 def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.Tensor:
@@ -48,11 +49,14 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     fused: log-probs from the selected hidden states and the LM head's weight in chunks of
     `chunk_size` tokens (0/None: sized by a memory budget), so no (M, V) logits exist at once.
     Otherwise the model's own forward gives the logits (heads with a bias always go this way).
+    The fused path applies the model's own logit soft-cap / scale (checks.logit_transform), which
+    the model's forward applies to its logits.
     Both run as a root forward (`as_root_forward`), so FSDP gathers the head for them.
     top_k / top_p: the rollout's sampling filter (algos.logprobs.sampling_filter_; 0 / 1: none).
     """
     backbone, head = _lm_parts(model)
     use_fused = fused and getattr(head, "bias", None) is None
+    scale, softcap = logit_transform(unwrap_peft(model).config) if use_fused else (1.0, 0.0)
 
     def run(**fwd):
         if use_fused:
@@ -64,7 +68,7 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
             with torch.autocast(h.device.type, enabled=False):
                 return fused_logprobs_from_hidden(h.to(head.weight.dtype), head.weight, labels, temperature=temperature,
                                                   chunk_size=chunk_size, return_entropy=with_entropy,
-                                                  top_k=top_k, top_p=top_p)
+                                                  top_k=top_k, top_p=top_p, logit_scale=scale, logit_softcap=softcap)
         logits = select(model(**fwd, use_cache=False).logits)  # (M, V)
         if with_entropy:  # one custom backward for both: one (M, V) gradient, not two
             return logprobs_and_entropy_from_logits(logits, labels, temperature, chunk_size or None, top_k, top_p)

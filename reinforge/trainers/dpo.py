@@ -14,8 +14,12 @@ and then freed.
 
 KTO (dpo.loss_type=kto) trains on labelled completions, one row each, against the live
 reference; its reference point z0 = max(0, mean(logp_pi - logp_ref)) over mismatched pairs
-(prompt i with the completion of item i + 1 of the same batch, as TRL builds them) is computed
-once per batch, before its micro-batches (`batch_state`), so accumulation stays exact.
+(prompt i with the completion of item i - 1 of the same batch, cyclically, as TRL builds them)
+is computed once per batch, before its micro-batches (`batch_state`), so accumulation stays exact.
+
+dpo.reduction (resolved per loss type by the plan) picks what the loss reads; the reference's
+log-probs are kept as sums and reduced with the batch's token counts, so the logged rewards/*
+and logps/* of the losses with a reference are TRL's: beta (sum pi - sum ref) and sums.
 """
 from __future__ import annotations
 
@@ -25,7 +29,8 @@ from pathlib import Path
 
 import torch
 
-from reinforge.algos.preference import (REFERENCE_FREE, UNPAIRED, dpo_loss, kto_loss, kto_reference_point,
+from reinforge.algos.preference import (REFERENCE_FREE, UNPAIRED, dpo_loss, dpo_reward_metrics, kto_loss,
+                                       kto_mismatched_index, kto_reference_point, reduce_sequence,
                                        reference_free_loss, sequence_logps)
 from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
@@ -63,12 +68,11 @@ def _model_fingerprint(path: str) -> str:
 
 
 @torch.no_grad()
-def reference_table(ref_model, pairs: PairSubset, pad_id: int, device, micro: int, model_cfg,
-                    reduction: str) -> torch.Tensor:
-    """Reference sequence log-probs of every pair, in subset order: (N, 2) [chosen, rejected]."""
+def reference_table(ref_model, pairs: PairSubset, pad_id: int, device, micro: int, model_cfg) -> torch.Tensor:
+    """Reference summed log-probs of every pair, in subset order: (N, 2) [chosen, rejected]."""
     rows = []
     for items in chunks([pairs[i] for i in range(len(pairs))], micro):
-        seq = policy_sequence_logps(ref_model, pair_tensors(items, pad_id, device), model_cfg, reduction)
+        seq = policy_sequence_logps(ref_model, pair_tensors(items, pad_id, device), model_cfg, "sum")
         B = len(items)
         rows.append(torch.stack([seq[:B], seq[B:]], dim=1).cpu())
     return torch.cat(rows)
@@ -85,14 +89,13 @@ def cached_reference_logps(plan: SupervisedPlan, splits: dict[str, PairSubset], 
     cache_file = Path(cfg.trainer.run_dir) / "ref_logps.pt"
     cache = torch.load(cache_file, weights_only=True) if cache_file.exists() else {}
     ref_id = _model_fingerprint(ref_path)
-    keys = {s: f"{s}:{p.fingerprint()}:{cfg.dpo.reduction}:{ref_id}" for s, p in splits.items()}
+    keys = {s: f"{s}:{p.fingerprint()}:sum:{ref_id}" for s, p in splits.items()}  # sums: reduced per batch
     missing = [s for s in splits if keys[s] not in cache]
     if missing:
         ref = load_causal_lm(ref_path, dtype=m.dtype, device=plan.device, trust_remote_code=m.trust_remote_code,
                              attn_implementation=m.attn_implementation, train=False)
         for s in missing:
-            cache[keys[s]] = reference_table(ref, splits[s], pad_id, plan.device, plan.micro_batch_size, m,
-                                             cfg.dpo.reduction)
+            cache[keys[s]] = reference_table(ref, splits[s], pad_id, plan.device, plan.micro_batch_size, m)
         del ref
         gc.collect()
         cache_file.parent.mkdir(parents=True, exist_ok=True)
@@ -123,15 +126,13 @@ class DPOTrainer(PairTrainer):
         if cfg.eval.prompt_files:  # greedy / sampled accuracy of the policy on RL prompts
             self.prompt_eval = PromptEvaluator(self.model, tok, cfg.eval, device=plan.device)
 
-    def reference_logps(self, items: list[dict], batch: dict, split: str) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B,), (B,) reference log-probs of the chosen and rejected responses."""
+    def reference_sums(self, items: list[dict], batch: dict, split: str) -> torch.Tensor:
+        """(2B,) reference summed log-probs of the chosen, then the rejected responses."""
         if self.ref_cache is not None:
             table = self.ref_cache[split][torch.tensor([it["idx"] for it in items])].to(self.device)  # (B, 2)
-            return table[:, 0], table[:, 1]
+            return torch.cat([table[:, 0], table[:, 1]])
         with torch.no_grad():
-            ref = policy_sequence_logps(self.reference, batch, self.cfg.model, self.cfg.dpo.reduction)  # (2B,)
-        B = len(items)
-        return ref[:B], ref[B:]
+            return policy_sequence_logps(self.reference, batch, self.cfg.model, "sum")  # (2B,)
 
     def batch_state(self, items: list[dict]) -> dict:
         return {"kl": self.kl_reference_point(items)} if self.cfg.dpo.loss_type in UNPAIRED else {}
@@ -139,9 +140,9 @@ class DPOTrainer(PairTrainer):
     @torch.no_grad()
     def kl_reference_point(self, items: list[dict]) -> torch.Tensor:
         """KTO's z0 over a whole batch of labelled completions: () from N mismatched pairs."""
-        n, m, red = len(items), self.cfg.model, self.cfg.dpo.reduction
-        mismatched = [{"prompt_ids": items[i]["prompt_ids"], "completion_ids": items[(i + 1) % n]["completion_ids"]}
-                      for i in range(n)]
+        m, red = self.cfg.model, self.cfg.dpo.reduction
+        mismatched = [{"prompt_ids": it["prompt_ids"], "completion_ids": items[j]["completion_ids"]}
+                      for it, j in zip(items, kto_mismatched_index(len(items)))]
         pol, ref = [], []
         for part in chunks(mismatched, self.micro):
             batch = unpaired_tensors(part, self.pad_id, self.device)
@@ -168,19 +169,26 @@ class DPOTrainer(PairTrainer):
         p, B = self.cfg.dpo, len(items)
         batch = pair_tensors(items, self.pad_id, self.device)  # (2B, L): chosen rows, then rejected
         logp, mask = response_token_logps(self.model, batch, self.cfg.model)  # (2B, L-1)
-        seq = sequence_logps(logp, mask, p.reduction)  # (2B,)
-        if p.loss_type in REFERENCE_FREE:
+        sums = sequence_logps(logp, mask, "sum")  # (2B,)
+        counts = mask.sum(-1).to(sums.dtype)
+        seq = reduce_sequence(sums, counts, p.reduction)  # what the loss reads
+        if p.loss_type in REFERENCE_FREE:  # TRL's CPO/ORPO trainers log the reduced log-probs
             loss, metrics = reference_free_loss(seq[:B], seq[B:], p.loss_type, p.beta, p.simpo_gamma)
+            logged = seq
         else:
-            ref_c, ref_r = self.reference_logps(items, batch, split)
-            loss, metrics = dpo_loss(seq[:B], seq[B:], ref_c, ref_r, beta=p.beta, loss_type=p.loss_type,
+            ref_sums = self.reference_sums(items, batch, split)
+            ref = reduce_sequence(ref_sums, counts, p.reduction)
+            loss, metrics = dpo_loss(seq[:B], seq[B:], ref[:B], ref[B:], beta=p.beta, loss_type=p.loss_type,
                                      label_smoothing=p.label_smoothing)
+            # TRL's DPOTrainer logs beta (sum pi - sum ref) and sums whatever the loss reads
+            metrics.update(dpo_reward_metrics(sums[:B], sums[B:], ref_sums[:B], ref_sums[B:], p.beta))
+            logged = sums
         if p.nll_coef:
             # RPO, and CPO's / ORPO's NLL term: a pair loss alone may lower both likelihoods (only
             # their gap is constrained); the chosen response's per-token NLL keeps it likely.
             nll = -sequence_logps(logp[:B], mask[:B], "mean").mean()
             loss = loss + p.nll_coef * nll
             metrics["nll/chosen"] = nll.detach()
-        metrics["logps/chosen"] = seq[:B].detach().mean()
-        metrics["logps/rejected"] = seq[B:].detach().mean()
+        metrics["logps/chosen"] = logged[:B].detach().mean()
+        metrics["logps/rejected"] = logged[B:].detach().mean()
         return loss, metrics

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Optional
 
 from reinforge.config.load import DERIVED_KEY, ConfigError
-from reinforge.config.preference import DPOConfig, RMConfig, validate_preference
+from reinforge.config.preference import DPOConfig, RMConfig, resolve_preference, validate_preference
 from reinforge.config.schema import RLConfig
 from reinforge.config.sft import SFTConfig, validate_sft
 from reinforge.config.validate import check_batch_sizes, critic_enabled, normalize_reward_functions, validate
@@ -231,6 +231,8 @@ class _Supervised:
     """The data.overlong policies its dataset knows."""
     folders: Callable[[Any], dict] = lambda cfg: {"model.path": cfg.model.path}
     """cfg -> {dotted key: folder} of the models the run loads."""
+    resolve: Callable[[Any], Any] = lambda cfg: cfg
+    """cfg -> a copy with its `auto` settings resolved (DPO: dpo.reduction per loss type)."""
 
 
 def _dpo_folders(cfg: DPOConfig) -> dict:
@@ -240,7 +242,7 @@ def _dpo_folders(cfg: DPOConfig) -> dict:
 
 SUPERVISED = {SFTConfig: _Supervised(validate_sft, "parquet/JSONL file", True, SFT_OVERLONG),
               DPOConfig: _Supervised(validate_preference, "prompt/chosen/rejected file", True, PREF_OVERLONG,
-                                     _dpo_folders),
+                                     _dpo_folders, resolve_preference),
               RMConfig: _Supervised(validate_preference, "prompt/chosen/rejected file", False, PREF_OVERLONG)}
 
 
@@ -262,7 +264,7 @@ def plan_supervised(cfg, *, hub_ids: dict | None = None, rows: dict | None = Non
     preflight.check_supervised_names(cfg, kind.data_kind, cfg.eval.prompt_files if kind.has_eval else None,
                                      kind.overlong)
     device = resolve_device(cfg.trainer.device)
-    cfg = copy.deepcopy(cfg)
+    cfg = kind.resolve(copy.deepcopy(cfg))
     functions: tuple = ()
     if kind.has_eval:
         e = cfg.eval

@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Optional, Sequence
 from reinforge.config.load import ConfigError
 from reinforge.config.validate import (IN_MEMORY_PREFIX, check_choice, check_model_path, check_name, model_max_positions,
                                        need)
-from reinforge.models.checks import check_model_files, check_tokenizer_files, missing_modules, weight_names
+from reinforge.models.checks import (check_logit_transform, check_model_files, check_tokenizer_files, missing_modules,
+                                     weight_names)
 
 if TYPE_CHECKING:
     from reinforge.trainers.plan import RunPlan, SupervisedPlan
@@ -196,6 +197,10 @@ def check_models(cfg, folders: dict) -> None:
         check_model_path(folder, key)
         check_model_files(folder, key)
     m = cfg.model
+    gkd = getattr(getattr(cfg, "teacher", None), "mode", None) == "gkd"
+    for key in ("model.path", "dpo.ref_model_path", "teacher.path"):  # the models whose LM head is read directly
+        if folders.get(key) and (m.fused_logprobs or (gkd and key in ("model.path", "teacher.path"))):
+            check_logit_transform(folders[key], key)
     if m.tokenizer_path:
         check_tokenizer_files(m.tokenizer_path, "model.tokenizer_path", m.trust_remote_code)
     else:

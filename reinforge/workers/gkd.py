@@ -15,7 +15,8 @@ from typing import Any
 import torch
 
 from reinforge.algos.distill import chunked_distill_from_hidden
-from reinforge.models.forward import _lm_parts, position_ids_from_mask
+from reinforge.models.checks import logit_transform
+from reinforge.models.forward import _lm_parts, position_ids_from_mask, unwrap_peft
 
 
 @dataclass
@@ -52,5 +53,7 @@ def gkd_log_probs(student, term: GKDTerm, mb, temperature: float, chunk_size: in
     w = _head_weight(s_head)
     with torch.autocast(ids.device.type, enabled=False):  # the heads and softmax stay in their dtype (fp32)
         jsd, logp, ent = chunked_distill_from_hidden(hs.to(w.dtype), w, ht, _head_weight(t_head), ids[:, -T:].reshape(-1),
-                                                     term.beta, temperature, chunk_size)
+                                                     term.beta, temperature, chunk_size,
+                                                     student_cap=logit_transform(unwrap_peft(student).config),
+                                                     teacher_cap=logit_transform(unwrap_peft(term.teacher).config))
     return logp.view(B, T), ent.view(B, T), jsd.view(B, T)

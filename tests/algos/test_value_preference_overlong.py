@@ -87,6 +87,37 @@ def test_dpo_variants():
         dpo_loss(pc, pr, rc, rr, loss_type="kto")
 
 
+def test_robust_dpo_by_hand():
+    # rDPO, beta 0.5, eps 0.2: [-(1 - eps) log sigma(beta z) + eps log sigma(-beta z)] / (1 - 2 eps).
+    pc, pr = torch.tensor([-1.0, -2.0]), torch.tensor([-2.0, -1.0])
+    rc, rr = torch.tensor([-1.5, -1.5]), torch.tensor([-1.5, -1.5])  # z = [1, -1]
+    ls = lambda x: -math.log1p(math.exp(-x))  # log sigma(x)
+    per = [(-(0.8) * ls(0.5 * z) + 0.2 * ls(-0.5 * z)) / 0.6 for z in (1.0, -1.0)]
+    loss, met = dpo_loss(pc, pr, rc, rr, beta=0.5, loss_type="robust", label_smoothing=0.2)
+    assert loss.item() == pytest.approx(sum(per) / 2, abs=1e-6)  # [0.6918, 1.4211]
+    assert met["rewards/accuracies"].item() == 0.5
+    plain, _ = dpo_loss(pc, pr, rc, rr, beta=0.5, loss_type="robust")
+    assert torch.isclose(plain, -F.logsigmoid(0.5 * torch.tensor([1.0, -1.0])).mean())  # eps 0: DPO
+
+
+def test_robust_dpo_gradient_is_the_unbiased_one():
+    # d/dz of rDPO = -beta [(1 - eps) sigma(-beta z) + eps sigma(beta z)] / (1 - 2 eps), and its
+    # expectation over a flip with probability eps is the clean DPO gradient -beta sigma(-beta z)
+    # (the rDPO paper's point; cDPO's is not).
+    beta, eps = 0.5, 0.2
+    pc = torch.tensor([-1.0, -2.0, -0.5], dtype=torch.float64, requires_grad=True)
+    zero = torch.zeros(3, dtype=torch.float64)
+    loss, _ = dpo_loss(pc, zero, zero, zero, beta=beta, loss_type="robust", label_smoothing=eps)  # z = pc
+    loss.backward()
+    sig = lambda x: 1 / (1 + math.exp(-x))
+    z = pc.detach().tolist()
+    expected = [-beta * ((1 - eps) * sig(-beta * v) + eps * sig(beta * v)) / (1 - 2 * eps) / 3 for v in z]
+    assert pc.grad.tolist() == pytest.approx(expected, rel=1e-12)
+    flipped = [-beta * ((1 - eps) * sig(beta * v) + eps * sig(-beta * v)) / (1 - 2 * eps) / 3 for v in z]
+    for g, f, v in zip(expected, flipped, z):  # the label flipped: z -> -z, d/dz -> -d/d(-z)
+        assert (1 - eps) * g - eps * f == pytest.approx(-beta * sig(-beta * v) / 3, rel=1e-12)
+
+
 def test_dpo_gradient_direction():
     pc = torch.tensor([-1.0], requires_grad=True)
     pr = torch.tensor([-1.0], requires_grad=True)
