@@ -124,6 +124,22 @@ def build_model(out: Path, shape: str, device: str) -> int:
     return n
 
 
+def write_prompts(folder: Path, n: int, seed: int) -> dict[str, str]:
+    """Two-digit sums as veRL-schema rows in .jsonl files (parquet would need pyarrow, which the
+    GPU machine may lack): train (n rows) and test (8)."""
+    import random
+
+    from reinforge.data.io import write_rows
+    from reinforge.data.preprocess import rl_row
+
+    rng, paths = random.Random(seed), {}
+    for split, count in (("train", n), ("test", 8)):
+        pairs = [(rng.randrange(10, 100), rng.randrange(10, 100)) for _ in range(count)]
+        rows = [rl_row("arithmetic", f"{a}+{b}=", "math", str(a + b), split, i) for i, (a, b) in enumerate(pairs)]
+        paths[split] = write_rows(rows, str(folder / f"{split}.jsonl"))
+    return paths
+
+
 def stage_rates(m: dict, rows: int) -> dict[str, float]:
     """Tokens/s per stage from a step's metrics and its batch rows (0 where the stage did not run)."""
     tokens = m["perf/throughput"] * m["timing_s/step"]  # all tokens of the batch
@@ -207,13 +223,12 @@ def _run(args, cuda: bool, shape: str, steps: int) -> int:
     import reinforge.trainers.rl as rl
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
-    from reinforge.tasks import make_task_data
     from reinforge.trainers.perf import matmul_peak_flops
 
     t0 = time.perf_counter()
     work = Path(tempfile.mkdtemp(prefix="gpu_lean_check_"))
     n_params = build_model(work / "model", shape, args.device)
-    data = make_task_data("arithmetic", str(work / "data"), n_train=256, n_test=8, n_sft=8, seed=0, digits=2)
+    data = write_prompts(work / "data", 256, seed=0)
     (work / "reward.py").write_text(REWARD)
     batch, n, T = (16, 8, 256) if cuda else (4, 4, 8)
     over = {"model.path": work / "model", "data.train_files": f"[{data['train']}]", "data.val_files": f"[{data['test']}]",
