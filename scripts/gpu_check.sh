@@ -12,9 +12,9 @@
 # vLLM engines. Both print tokens/s per stage, MFU against the measured bf16 matmul peak, peak
 # memory and the max |log-prob gap| between rollout and trainer.
 #
-# Exit status: 0 every bound held; 1 a bound broke (FAILED lines say which); 77 skipped: what the
-# mode needs is missing here (no CUDA device, no ray or vllm), nothing was checked; 2 bad
-# arguments; 124 the 8-minute timeout.
+# Exit status: 0 every bound held; 1 a bound broke (FAILED lines say which) or the run raised;
+# 77 skipped: what the mode needs is missing here (no CUDA device, no ray or vllm), nothing was
+# checked; 2 bad arguments; 124 the 8-minute timeout.
 #
 # UNTESTED ON A GPU: no GPU has run either mode yet; the lean mode runs on CPU in the test suite
 # (tests/test_gpu_check.py). The lean mode needs torch, transformers and this repository's
