@@ -17,7 +17,7 @@ optional extra `pip install 'reinforge[vllm]'`.
   (`logprobs_mode="processed_logprobs"`), i.e. the same quantity the trainer recomputes.
 - `sync_weights(actor_model)`: after every update the actor's weights are loaded into the
   engine's model in place (`apply_model(lambda m: m.load_weights(...))`), a LoRA adapter merged
-  out of place in fp32 (distributed/weights.hf_tensors: the frozen base is never written); with
+  out of place in fp32 (models/hf_weights.hf_tensors: the frozen base is never written); with
   `VLLM_ENABLE_V1_MULTIPROCESSING=0` the engine runs in this process, so no copy crosses
   processes. `load_weights` alone skips vLLM's post-load processing (quantized and FP8 layers
   repack their weights there), so a model whose config declares a `quantization_config` is
@@ -42,7 +42,7 @@ import os
 
 import torch
 
-from reinforge.distributed.weights import hf_tensors
+from reinforge.models.hf_weights import hf_tensors
 
 from reinforge.protocol import Batch
 from reinforge.workers.rollout.base import RolloutCapabilities
