@@ -43,7 +43,6 @@ import os
 import torch
 
 from reinforge.models.hf_weights import hf_tensors
-
 from reinforge.protocol import Batch
 from reinforge.workers.rollout.base import RolloutCapabilities
 from reinforge.workers.rollout.common import assemble_rollout, finish_masks, pad_prompts, sampling_meta, stop_token_ids
