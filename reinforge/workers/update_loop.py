@@ -15,8 +15,8 @@ gradient is the mini-batch's whatever the split. Metrics follow the same rule: a
 weighted by the micro-batch's `share` of the mini-batch (its response tokens for RL, its rows or
 pairs for SFT / DPO / RM), so it is the mini-batch's mean. Each mini-batch then counts once:
 `UpdateResult.metrics` divides by the number of mini-batches. A name ending in "_max" is a
-maximum over every micro-batch, mini-batch and rank instead (MetricSum). Without an `Optim` the same loop
-evaluates (no backward, no step): the held-out pairs of DPO / RM.
+maximum over every micro-batch, mini-batch and rank instead (MetricSum). Without an `Optim` the
+same loop evaluates (no backward, no step): the held-out pairs of DPO / RM.
 
 The forward-only passes (old and reference log-probs, values, sum pi^2) share `map_micro_batches`.
 """
