@@ -22,17 +22,19 @@ def _script(name: str):
     return mod
 
 
-def _sh(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def _sh(*args: str, tmp: Path | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHON": sys.executable, "OMP_NUM_THREADS": "1"}
+    if tmp is not None:  # the script's work folder (model, data, run) goes under pytest's
+        env["TMPDIR"] = str(tmp)
     return subprocess.run(["bash", str(ROOT / "scripts" / "gpu_check.sh"), *args], capture_output=True, text=True,
                           env=env, timeout=timeout)
 
 
 @pytest.mark.slow
-def test_lean_mode_runs_on_cpu():
+def test_lean_mode_runs_on_cpu(tmp_path):
     """No Ray, no vLLM, no network: the tiny shape through FSDP2 on gloo (world size 1), the lean
     rollout, two GRPO steps; every bound holds and the table has a row per step."""
-    out = _sh("--device", "cpu", "--steps", "2")
+    out = _sh("--device", "cpu", "--steps", "2", tmp=tmp_path)
     text = out.stdout + out.stderr
     assert out.returncode == 0, text[-3000:]
     rows = [line for line in out.stdout.splitlines() if line.startswith("| 1 |") or line.startswith("| 2 |")]
