@@ -13,7 +13,8 @@ rollout.backend lean or hf); this script is where a vLLM agent engine would be p
 Prints, for greedy episodes, how many are token-identical between vLLM and the lean engine and
 the largest |log-prob| difference on generated tokens; exits non-zero when the episodes' masks
 are inconsistent (an observation marked as generated) or the log-probs differ by more than
---max-gap. Exits 0 with a message when there is no GPU or no vllm.
+--max-gap. Exits 77 (skipped: nothing was checked, which must not read as a pass) when there is
+no GPU or no vllm.
 """
 from __future__ import annotations
 
@@ -22,6 +23,8 @@ import os
 import sys
 import tempfile
 from pathlib import Path
+
+EXIT_SKIPPED = 77  # automake's "skipped"
 
 
 class VLLMTurns:
@@ -68,13 +71,13 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("skipped: no CUDA device")
-        return 0
+        print("SKIPPED: no CUDA device; nothing was checked")
+        return EXIT_SKIPPED
     try:
         from vllm import LLM
     except ImportError:
-        print("skipped: vllm is not installed (pip install 'reinforge[vllm]')")
-        return 0
+        print("SKIPPED: vllm is not installed (pip install 'reinforge[vllm]'); nothing was checked")
+        return EXIT_SKIPPED
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     from reinforge.agents.base import Tool
     from reinforge.agents.loop import AgentRollout

@@ -1,4 +1,4 @@
-"""One GPU validation of the Ray backend with rank-side vLLM: run by scripts/gpu_check.sh.
+"""One GPU validation of the Ray backend with rank-side vLLM: `scripts/gpu_check.sh --mode ray-vllm`.
 
 UNTESTED: written without access to a GPU (no run of it has been seen to pass). It checks, on
 one GPU, in one process tree, with nothing downloaded:
@@ -15,8 +15,9 @@ one GPU, in one process tree, with nothing downloaded:
   end each rank's peak GPU memory (torch's allocator: the trainer; the device's used memory
   now: vLLM asleep, its pool released).
 
-Exits 1 when: no CUDA device or no vllm (nothing was checked); a loss, the grad norm or a gap is
-not finite; the max gap exceeds --max-gap; the mean gap of a later step exceeds
+Exits 77 (skipped) when there is no CUDA device, no vllm or no ray: nothing was checked, and
+that must not read as a pass. Exits 1 when: a metric it checks was not reported; a loss, the
+grad norm or a gap is not finite; the max gap exceeds --max-gap; the mean gap of a later step exceeds
 max(--gap-growth x step 1's, 0.02) (vLLM generating with stale weights shows up that way:
 step 1 runs before any update); |pg_loss| > 10 or kl_loss > 1.
 """
@@ -28,6 +29,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+EXIT_SKIPPED = 77  # automake's "skipped": a check that did not run is not a pass
+CHECKED = ("rollout_corr/logprob_gap_max", "rollout_corr/logprob_gap_abs_mean", "actor/pg_loss", "actor/grad_norm")
 
 
 def _gpu_memory(rank) -> dict:
@@ -83,13 +87,15 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("gpu_check: no CUDA device; nothing was checked")
-        return 1
+        print("gpu_check: SKIPPED, no CUDA device; nothing was checked")
+        return EXIT_SKIPPED
     try:
+        import ray  # noqa: F401
         import vllm
-    except ImportError:
-        print("gpu_check: vllm is not installed (pip install 'reinforge[vllm]'); nothing was checked")
-        return 1
+    except ImportError as e:
+        print(f"gpu_check: SKIPPED, {e.name} is not installed (pip install 'reinforge[vllm]' ray; "
+              f"scripts/gpu_check.sh without --mode needs neither); nothing was checked")
+        return EXIT_SKIPPED
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.tasks import make_task_data
@@ -119,8 +125,11 @@ def main() -> int:
         trainer.step_idx = step
         m = trainer.step()
         r = stage_rates(m, batch * n)
-        gap_max, gap_mean = m["rollout_corr/logprob_gap_max"], m["rollout_corr/logprob_gap_abs_mean"]
-        pg, kl, gn = m["actor/pg_loss"], m.get("actor/kl_loss", 0.0), m["actor/grad_norm"]
+        missing = [k for k in CHECKED if k not in m]
+        if missing:
+            problems.append(f"step {step}: metrics {missing} were not reported")
+        gap_max, gap_mean, pg, gn = (m.get(k, math.nan) for k in CHECKED)
+        kl = m.get("actor/kl_loss", 0.0)
         print(f"| {step} | {r['gen']:,.0f} | {r['old_log_prob']:,.0f} | {r['ref']:,.0f} | {r['update_actor']:,.0f} | "
               f"{m['perf/mfu']:.3f} | {gap_max:.4f} | {gap_mean:.5f} | {pg:.4g} | {kl:.4g} | {gn:.4g} | "
               f"{m['timing_s/step']:.1f} |")

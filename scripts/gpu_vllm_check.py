@@ -5,7 +5,9 @@
 
 Prints one row per step (rollout/trainer log-prob gap, TIS weights, reward) and exits non-zero
 if a step's metrics are not finite or the gap is implausibly large (a weight-sync bug shows up
-as a gap that grows after the first update). Exits 0 with a message when no GPU or no vllm.
+as a gap that grows after the first update). Exits 77 (skipped: nothing was checked, which must
+not read as a pass) when there is no GPU or no vllm; a metric it checks that was not reported
+fails the check by name.
 """
 from __future__ import annotations
 
@@ -14,6 +16,10 @@ import math
 import sys
 import tempfile
 from pathlib import Path
+
+EXIT_SKIPPED = 77  # automake's "skipped"
+KEYS = ["rollout_corr/logprob_gap_abs_mean", "rollout_corr/logprob_gap_max", "rollout_corr/tis_weight_mean",
+        "rollout_corr/tis_clip_frac", "critic/score/mean"]
 
 
 def main() -> int:
@@ -25,13 +31,13 @@ def main() -> int:
     import torch
 
     if not torch.cuda.is_available():
-        print("skipped: no CUDA device")
-        return 0
+        print("SKIPPED: no CUDA device; nothing was checked")
+        return EXIT_SKIPPED
     try:
         import vllm  # noqa: F401
     except ImportError:
-        print("skipped: vllm is not installed (pip install 'reinforge[vllm]')")
-        return 0
+        print("SKIPPED: vllm is not installed (pip install 'reinforge[vllm]'); nothing was checked")
+        return EXIT_SKIPPED
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.tasks import build_char_tokenizer, make_task_data
@@ -50,17 +56,24 @@ def main() -> int:
                  f"trainer.run_dir={work / 'run'}", "trainer.loggers=[jsonl]", "trainer.progress=false",
                  "trainer.report=false", "trainer.val_before_train=false", "data.train_batch_size=8", "rollout.n=4"]
     trainer = RLTrainer(load_config(RLConfig, "grpo", overrides))
-    ok = True
+    problems = []
     print("| step | gap mean | gap max | tis weight | tis clip | score |")
     print("|---:|---:|---:|---:|---:|---:|")
     for step in range(1, args.steps + 1):
         trainer.step_idx = step
         m = trainer.step()
-        keys = ["rollout_corr/logprob_gap_abs_mean", "rollout_corr/logprob_gap_max", "rollout_corr/tis_weight_mean",
-                "rollout_corr/tis_clip_frac", "critic/score/mean"]
-        vals = [m.get(k, float("nan")) for k in keys]
+        vals = [m.get(k, float("nan")) for k in KEYS]
         print(f"| {step} | " + " | ".join(f"{v:.4f}" for v in vals) + " |")
-        ok &= all(math.isfinite(v) for v in vals) and vals[0] <= args.max_gap
+        missing = [k for k in KEYS if k not in m]
+        if missing:
+            problems.append(f"step {step}: metrics {missing} were not reported")
+        elif not all(math.isfinite(v) for v in vals):
+            problems.append(f"step {step}: a non-finite metric")
+        elif vals[0] > args.max_gap:
+            problems.append(f"step {step}: mean |log-prob gap| {vals[0]:.4f} > --max-gap {args.max_gap}")
+    for p in problems:
+        print(f"FAILED: {p}")
+    ok = not problems
     print("OK" if ok else "FAILED")
     return 0 if ok else 1
 

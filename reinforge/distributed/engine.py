@@ -8,8 +8,9 @@ prompts with its own engine, next to its FSDP2 shards of the actor. See docs/dis
   different ranks, so the ranks' collectives would not line up.
 - an own_weights backend (vllm, GPU): an in-process engine per rank built with `rank_engine_kw`
   (vLLM's external launcher: the rank's process group is the engine's), asleep while the rank
-  trains (weights offloaded to CPU, KV cache freed: sleep level 1), woken for generation; its
-  weights are streamed in from the shards (weights.hf_tensors, LoRA merged).
+  trains (weights offloaded to CPU, KV cache freed: sleep level 1), woken for generation in
+  two steps: its weights (torch's cache emptied first), the new weights streamed in from the
+  shards (weights.hf_tensors, LoRA merged out of place), then its KV cache.
 
 Sampling is seeded per prompt: with a call seed s from the driver, prompt uid u draws from a
 generator seeded with prompt_seed(s, u), so its samples do not depend on which rank draws them
@@ -67,10 +68,12 @@ class RankEngine:
         """Collective for the weight sync only: every rank is called, `prompts` None on a rank
         with no share. kwargs: n, temperature, greedy (Rollout.generate's)."""
         caps = self.rollout.capabilities
-        if caps.sleeps:
-            self.rollout.wake_up()
+        if caps.sleeps:  # weights first: the KV cache is allocated once the new weights are in
+            self.rollout.wake_up(["weights"])
         try:
             self.sync(sharded, version)
+            if caps.sleeps:
+                self.rollout.wake_up(["kv_cache"])
             if prompts is None:
                 return None
             if seed is None or kwargs.get("greedy"):

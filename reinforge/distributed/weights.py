@@ -17,26 +17,19 @@ from typing import Iterator
 import torch
 from torch import nn
 
+# where the state dict's names become Hugging Face ones, LoRA merged out of place: the models
+# layer's, shared with the vLLM rollout (which must not import this layer)
+from reinforge.models.hf_weights import PEFT_PREFIX, full_tensor, hf_plan, hf_tensors, unique_state  # noqa: F401
+
 ST_DTYPES = {torch.float32: "F32", torch.bfloat16: "BF16", torch.float16: "F16", torch.float64: "F64",
              torch.int64: "I64", torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8",
              torch.bool: "BOOL"}
-PEFT_PREFIX = "base_model.model."
-
-
-def _full(t: torch.Tensor) -> torch.Tensor:
-    return t.full_tensor() if hasattr(t, "full_tensor") else t
-
-
-def unique_state(model: nn.Module) -> dict[str, torch.Tensor]:
-    """The state dict (DTensors on a sharded model) without the second name of a tied weight."""
-    own = {n for n, _ in model.named_parameters()} | {n for n, _ in model.named_buffers()}
-    return {k: v for k, v in model.state_dict().items() if k in own}
 
 
 def full_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
     """(state-dict name, full tensor) for every entry of unique_state, gathered one at a time."""
     for name, t in unique_state(model).items():
-        yield name, _full(t).detach()
+        yield name, full_tensor(t).detach()
 
 
 def copy_full(sharded: nn.Module, dense: nn.Module) -> None:
@@ -45,39 +38,6 @@ def copy_full(sharded: nn.Module, dense: nn.Module) -> None:
     with torch.no_grad():
         for name, t in full_tensors(sharded):
             target[name].copy_(t)
-
-
-def hf_plan(model: nn.Module) -> list[tuple[str, list[str], float]]:
-    """[(Hugging Face name, state-dict keys, LoRA scale)] in state-dict order: a plain model's
-    entries as they are; a PEFT model's base weights under their plain names, an adapted weight
-    merged from [base, lora_A, lora_B] as W + scale * B @ A, the adapter entries themselves
-    dropped (the export `merge_and_unload` would write)."""
-    plan = []
-    for key in unique_state(model):
-        if ".lora_" in key:
-            continue
-        name = key.removeprefix(PEFT_PREFIX).replace(".base_layer.", ".")
-        if key.endswith(".base_layer.weight"):
-            prefix = key[: -len(".base_layer.weight")]
-            layer = model.get_submodule(prefix)
-            (adapter,) = layer.active_adapters
-            plan.append((name, [key, f"{prefix}.lora_A.{adapter}.weight", f"{prefix}.lora_B.{adapter}.weight"],
-                         float(layer.scaling[adapter])))
-        else:
-            plan.append((name, [key], 0.0))
-    return plan
-
-
-def hf_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
-    """(Hugging Face name, full tensor) per hf_plan entry, LoRA merged; what vLLM's
-    `load_weights` and a `from_pretrained` folder take."""
-    state = unique_state(model)
-    for name, keys, scale in hf_plan(model):
-        w = _full(state[keys[0]]).detach()
-        if len(keys) == 3:
-            a, b = (_full(state[k]).detach().float() for k in keys[1:])
-            w = (w.float() + scale * (b @ a)).to(w.dtype)
-        yield name, w
 
 
 def _specs(model: nn.Module, hf: bool) -> list[tuple[str, torch.dtype, tuple]]:

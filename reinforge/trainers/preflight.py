@@ -56,7 +56,9 @@ def check_rl_names(cfg) -> None:
     from reinforge.workers.rollout import check_rollout_backend  # the registry's names and capabilities
 
     check_data_files(cfg.data.train_files, {"data.val_files": cfg.data.val_files})
-    check_rollout_backend(cfg.rollout.backend, staleness=cfg.rollout.staleness, max_turns=cfg.rollout.max_turns)
+    r = cfg.rollout
+    check_rollout_backend(r.backend, staleness=r.staleness, max_turns=r.max_turns, model_path=cfg.model.path,
+                          temperatures={"rollout.temperature": r.temperature, "rollout.val_temperature": r.val_temperature})
     check_name(cfg.rollout.tool_parser, tuple(PARSERS), "rollout.tool_parser")
     check_name(cfg.data.overlong_prompt, OVERLONG_POLICIES, "data.overlong_prompt")
 

@@ -106,7 +106,7 @@ class ActorWorker(LocalTrainedRole, role="actor"):
             # on-policy, this forward's detached log-probs are the old ones: no separate pass needed
             w, tis = tis_weights(out["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"], self.tis_cap)
             loss_mat = loss_mat * w
-            m.update({k: v for k, v in tis.items() if not k.endswith("_max")})  # means: token-weighted
+            m.update(tis)  # means token-weighted, the `_max` gap a maximum (update_loop.MetricSum)
         return self._agg(loss_mat, out["mask"], denom), m
 
     def loss_terms(self) -> list[LossTerm]:

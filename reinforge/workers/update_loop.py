@@ -14,8 +14,9 @@ gradient is the mini-batch's whatever the split. Metrics follow the same rule: a
 "loss" adds up over micro-batches; any other metric is a mean over its micro-batch and is
 weighted by the micro-batch's `share` of the mini-batch (its response tokens for RL, its rows or
 pairs for SFT / DPO / RM), so it is the mini-batch's mean. Each mini-batch then counts once:
-`UpdateResult.metrics` divides by the number of mini-batches. Without an `Optim` the same loop
-evaluates (no backward, no step): the held-out pairs of DPO / RM.
+`UpdateResult.metrics` divides by the number of mini-batches. A name ending in "_max" is a
+maximum over every micro-batch, mini-batch and rank instead (MetricSum). Without an `Optim` the
+same loop evaluates (no backward, no step): the held-out pairs of DPO / RM.
 
 The forward-only passes (old and reference log-probs, values, sum pi^2) share `map_micro_batches`.
 """
@@ -62,26 +63,50 @@ class MiniBatch:
     """(micro-batch, its share of the mini-batch's metric weight), shares summing to 1."""
 
 
+def is_max_metric(name: str) -> bool:
+    """A metric whose name ends in "_max" is a maximum: it reduces by max over micro-batches,
+    mini-batches and ranks (a weighted mean of maxima is no maximum, and a mean would hide the
+    one outlier token it exists to show)."""
+    return name.endswith("_max")
+
+
 class MetricSum:
-    """Weighted sums of metric tensors, read out as floats once per update (one sync)."""
+    """Weighted sums of metric tensors (maxima for `*_max` names), read out as floats once per
+    update (one sync)."""
 
     def __init__(self):
         self.sums: Metrics = {}
+        self.maxes: Metrics = {}
 
     def add(self, metrics: Metrics, weight: float) -> None:
         for k, v in metrics.items():
-            self.sums[k] = self.sums.get(k, 0.0) + v.detach().float() * weight
+            v = v.detach().float() if torch.is_tensor(v) else torch.tensor(float(v))
+            if is_max_metric(k):  # the weight is a share of a mean: a maximum ignores it
+                self.maxes[k] = torch.maximum(self.maxes[k], v) if k in self.maxes else v
+            else:
+                self.sums[k] = self.sums.get(k, 0.0) + v * weight
 
     def all_reduce(self) -> "MetricSum":
-        """Sum over data-parallel ranks (each rank added its share of the global mini-batch)."""
+        """Sum (maxima: max) over data-parallel ranks (each rank added its share of the global
+        mini-batch). Every rank holds the same names: the same terms ran on every rank."""
         if self.sums and dp.world_size() > 1:
             keys = sorted(self.sums)
             flat = dp.all_reduce_sum_(torch.stack([torch.as_tensor(self.sums[k]).float().cpu() for k in keys]))
             self.sums = dict(zip(keys, flat))
+        if self.maxes and dp.world_size() > 1:
+            import torch.distributed as dist
+
+            keys = sorted(self.maxes)
+            flat = torch.stack([self.maxes[k].float().cpu() for k in keys])
+            dist.all_reduce(flat, op=dist.ReduceOp.MAX)
+            self.maxes = dict(zip(keys, flat))
         return self
 
     def result(self, prefix: str, count: int) -> dict[str, float]:
-        return {f"{prefix}{k}": float(v) / max(count, 1) for k, v in self.sums.items()}
+        """Sums as means over `count` mini-batches; maxima as they are."""
+        out = {f"{prefix}{k}": float(v) / max(count, 1) for k, v in self.sums.items()}
+        out.update({f"{prefix}{k}": float(v) for k, v in self.maxes.items()})
+        return out
 
 
 # ---- the one optimizer-step site and the one non-finite policy ---------------------------------

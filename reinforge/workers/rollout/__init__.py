@@ -34,6 +34,9 @@ class RolloutBackend:
     """What the backend can do at best; config checks read it before any model loads."""
     check_device: Callable[[str], None] | None = None
     """device -> raises ConfigError when the backend cannot run there (None: runs anywhere)."""
+    check_config: Callable[..., None] | None = None
+    """(temperatures={key: value}, model_path=folder or None) -> raises ConfigError on sampling
+    settings or a model the backend would not run as configured (None: no such limits)."""
 
 
 def _from_config(module: str, cls: str) -> Callable[..., Rollout]:
@@ -59,6 +62,27 @@ def check_vllm_available(device: str) -> None:
         raise ConfigError("rollout.backend='vllm' needs the vllm package: pip install 'reinforge[vllm]'") from None
 
 
+def check_vllm_config(*, temperatures: dict[str, float], model_path: str | None = None) -> None:
+    """Config-time limits of the vLLM backend (vllm.py; the module imports no vllm): every
+    sampling temperature 0 or within [0.01, 2] (vLLM raises smaller ones to 0.01 and rejects
+    larger ones, so the sampled distribution would not be the scored one), and an unquantized
+    model (weights stream in without vLLM's post-load processing)."""
+    import json
+    from pathlib import Path
+
+    from reinforge.config.load import ConfigError
+    from reinforge.workers.rollout.vllm import check_temperature, check_unquantized
+
+    try:
+        for key, t in temperatures.items():
+            check_temperature(t, key)
+        cfg = Path(model_path) / "config.json" if model_path else None
+        if cfg is not None and cfg.is_file():  # a hub id not yet fetched: the engine build checks it
+            check_unquantized(json.loads(cfg.read_text(encoding="utf-8")), f"model.path={model_path!r}")
+    except ValueError as e:
+        raise ConfigError(f"rollout.backend='vllm': {e}") from None
+
+
 ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
     "lean": RolloutBackend(_from_config("reinforge.workers.rollout.lean", "LeanRollout"),
                            RolloutCapabilities(async_ok=True)),
@@ -66,7 +90,7 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
     "vllm": RolloutBackend(_from_config("reinforge.workers.rollout.vllm", "VLLMRollout"),
                            RolloutCapabilities(continues=False, needs_gpu=True, own_weights=True,
                                                per_prompt_seeds=True, sleeps=True),
-                           check_device=check_vllm_available),
+                           check_device=check_vllm_available, check_config=check_vllm_config),
 }
 
 
@@ -90,13 +114,17 @@ def rollout_capabilities(name: str) -> RolloutCapabilities:
     return _entry(name).capabilities
 
 
-def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1) -> None:
+def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1,
+                          temperatures: dict[str, float] | None = None, model_path: str | None = None) -> None:
     """The config rules a backend's capabilities decide, before any model loads: a known name,
     the asynchronous producer (rollout.staleness > 0) only on an `async_ok` backend, the agent
-    loop (rollout.max_turns > 1) only on one that `continues` token prefixes."""
+    loop (rollout.max_turns > 1) only on one that `continues` token prefixes; then the entry's
+    own `check_config` (vLLM: the temperature range, no quantized model) on `temperatures`
+    ({config key: value}) and the model folder."""
     from reinforge.config.load import ConfigError
 
-    caps = _entry(name).capabilities
+    entry = _entry(name)
+    caps = entry.capabilities
     if staleness > 0 and not caps.async_ok:
         able = " or ".join(f"rollout.backend={n}" for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.async_ok)
         raise ConfigError(f"rollout.staleness={staleness} needs {able} (got {name!r}); or set rollout.staleness=0")
@@ -104,6 +132,8 @@ def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1) 
         able = " or ".join(n for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.continues)
         raise ConfigError(f"rollout.max_turns={max_turns} runs on the {able} backend (scripts/gpu_agent_check.py "
                           f"drives vLLM); set rollout.backend=lean")
+    if entry.check_config is not None:
+        entry.check_config(temperatures=dict(temperatures or {}), model_path=model_path)
 
 
 def check_rollout_device(name: str, device: str) -> None:

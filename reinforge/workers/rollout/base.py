@@ -36,7 +36,8 @@ class RolloutCapabilities:
     per_prompt_seeds: bool = False
     """generate(..., seeds=[one per prompt]) draws each prompt's samples from its own seed."""
     sleeps: bool = False
-    """sleep() / wake_up() free and restore its GPU memory between generations (a Ray rank's vLLM)."""
+    """sleep() / wake_up(tags) free and restore its GPU memory between generations (a Ray rank's
+    vLLM): wake_up(["weights"]) before a weight sync, wake_up(["kv_cache"]) after it."""
 
 
 class Rollout(Protocol):

@@ -18,6 +18,9 @@ Hk key/value heads, D head dim, V vocabulary.
 """
 from __future__ import annotations
 
+import functools
+import inspect
+
 import torch
 
 from reinforge.algos.logprobs import sampling_log_probs
@@ -35,6 +38,18 @@ def lean_supported(model) -> bool:
     layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
     return (cfg.model_type in SUPPORTED and set(layer_types) == {"full_attention"}
             and cfg._attn_implementation in ("sdpa", "eager") and hasattr(inner, "model"))
+
+
+@functools.lru_cache(maxsize=None)
+def cache_keyword(layer_cls: type) -> str:
+    """The keyword a decoder layer's forward takes its KV cache under, read from its signature
+    (a feature check, not a version test): `cache` in transformers 5.24, `past_key_values` in
+    5.17, `past_key_value` in 4.x."""
+    params = inspect.signature(layer_cls.forward).parameters
+    for name in ("cache", "past_key_values", "past_key_value"):
+        if name in params:
+            return name
+    raise TypeError(f"{layer_cls.__name__}.forward takes no KV cache argument this loop knows; use rollout.backend=hf")
 
 
 class StaticCache:
@@ -86,7 +101,8 @@ class LeanRollout(HFRollout):
         if backbone.config._attn_implementation == "eager":  # eager adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, torch.finfo(h.dtype).min)
         for layer in backbone.layers:
-            h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos, cache=cache)
+            h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos,
+                      **{cache_keyword(type(layer)): cache})
         cache.pos += ids.shape[1]
         return head(backbone.norm(h[:, -1:]))[:, 0].float()
 

@@ -1,50 +1,101 @@
 """Rollout with vLLM (GPU), colocated in the trainer's process.
 
-UNTESTED ON GPU in this repository's CI (no GPU there): written against vLLM's documented
-offline API (`LLM`, `SamplingParams`, `LLM.generate` with token-id prompts, `LLM.apply_model`);
+UNTESTED ON GPU (no GPU has run it): written against vLLM's offline API, read in its source for
+the pinned range (pyproject's `vllm` extra): `LLM`, `SamplingParams`, `LLM.generate` with
+token-id prompts, `LLM.apply_model`, `LLM.sleep` / `LLM.wake_up(tags)`. What runs without a GPU
+is tested with a fake engine (tests/test_vllm_rollout.py): the calls made and their order.
 `scripts/gpu_vllm_check.py` exercises it on a GPU machine. Import is lazy: `vllm` is the
 optional extra `pip install 'reinforge[vllm]'`.
 
 - Sampling parameters come from the rollout config (n, temperature, top_p, top_k (0 -> -1: off),
   max tokens, EOS ids, ignore_eos); greedy validation uses temperature 0. The batch meta records
   temperature, top_k and top_p, so the trainer's log-probs use the same filtered distribution.
+  vLLM raises a temperature in (0, 0.01) to 0.01 and rejects one above 2, so outside
+  [0.01, 2] the sampled distribution would not be the scored one: refused (VLLM_TEMPERATURE_RANGE,
+  checked at config time by rollout/__init__.check_vllm_config, and again here).
 - `rollout_log_probs` (B, T): vLLM's log-prob of every sampled token, after temperature
   (`logprobs_mode="processed_logprobs"`), i.e. the same quantity the trainer recomputes.
-- `sync_weights(actor_model)`: after every update the actor's weights (LoRA merged) are loaded
-  into the engine's model in place (`apply_model(lambda m: m.load_weights(...))`); with
+- `sync_weights(actor_model)`: after every update the actor's weights are loaded into the
+  engine's model in place (`apply_model(lambda m: m.load_weights(...))`), a LoRA adapter merged
+  out of place in fp32 (models/hf_weights.hf_tensors: the frozen base is never written); with
   `VLLM_ENABLE_V1_MULTIPROCESSING=0` the engine runs in this process, so no copy crosses
-  processes.
+  processes. `load_weights` alone skips vLLM's post-load processing (quantized and FP8 layers
+  repack their weights there), so a model whose config declares a `quantization_config` is
+  refused (check_unquantized) rather than generating from unprocessed weights.
+- Building the engine seeds the process's global RNGs (vLLM seeds python, numpy and torch with
+  its `seed`): they are saved and restored around it (preserved_global_rngs), so the training
+  stream is the one the run's seed and checkpoints record.
 - Truncated importance sampling (algos/tis.py): vLLM's kernels and sampling differ slightly
   from the trainer's forward, so the rollout policy is not exactly the policy the trainer
   evaluates. The actor weights each token's policy loss by min(exp(old_log_probs -
   rollout_log_probs), rollout.tis_cap) (its tis_cap comes from the run plan), and the gap is logged.
 - In a Ray rank (distributed/engine.py) the engine joins the rank's process group (vLLM's
   external launcher), sleeps between generations (`enable_sleep_mode`) and takes its weights
-  from the FSDP2 shards (`weight_items`).
+  from the FSDP2 shards (`weight_items`). Waking it follows the order that keeps the training
+  memory out of the way: empty torch's cache, wake the weights, load the new ones, then wake
+  the KV cache (wake_up(["weights"]) ... wake_up(["kv_cache"])).
 """
 from __future__ import annotations
 
+import contextlib
 import os
 
 import torch
 
+from reinforge.models.hf_weights import hf_tensors
 from reinforge.protocol import Batch
 from reinforge.workers.rollout.base import RolloutCapabilities
 from reinforge.workers.rollout.common import assemble_rollout, finish_masks, pad_prompts, sampling_meta, stop_token_ids
 
 
-def hf_state_items(model):
-    """(name, tensor) pairs with Hugging Face names, LoRA merged, for vLLM's `load_weights`."""
-    if hasattr(model, "merge_adapter"):  # PEFT: merge, read the base weights, unmerge
-        model.merge_adapter()
-        try:
-            base = model.get_base_model()
-            items = [(n.replace(".base_layer", ""), p.detach().clone()) for n, p in base.state_dict().items()
-                     if "lora_" not in n]
-        finally:
-            model.unmerge_adapter()
-        return items
-    return [(n, p.detach()) for n, p in model.state_dict().items()]
+VLLM_TEMPERATURE_RANGE = (0.01, 2.0)
+"""Sampling temperatures vLLM samples at as given (0 is greedy): below 0.01 it raises the
+temperature to 0.01, above 2 it raises an error (vllm/sampling_params.py)."""
+
+
+def check_temperature(temperature: float, key: str = "rollout.temperature") -> None:
+    """ValueError unless `temperature` is 0 (greedy) or within VLLM_TEMPERATURE_RANGE."""
+    lo, hi = VLLM_TEMPERATURE_RANGE
+    if temperature != 0 and not lo <= temperature <= hi:
+        raise ValueError(f"{key}={temperature} is outside [{lo}, {hi}], the temperatures vLLM samples at unchanged "
+                         f"(it raises smaller ones to {lo} and rejects larger ones), so the trainer would score "
+                         f"another distribution; set {key} within [{lo}, {hi}] or use rollout.backend=lean")
+
+
+def check_unquantized(config, where: str) -> None:
+    """ValueError when the model config (a transformers config or a config.json dict) declares a
+    quantization: weights loaded with `load_weights` skip vLLM's post-load processing."""
+    q = config.get("quantization_config") if isinstance(config, dict) else getattr(config, "quantization_config", None)
+    if q:
+        method = q.get("quant_method", "?") if isinstance(q, dict) else getattr(q, "quant_method", "?")
+        raise ValueError(f"{where}: the model is quantized (quantization_config, quant_method={method!r}); the vLLM "
+                         f"backend streams bf16/fp32 weights into the engine without vLLM's post-load "
+                         f"processing, which quantized layers need; train an unquantized model or use "
+                         f"rollout.backend=lean")
+
+
+@contextlib.contextmanager
+def preserved_global_rngs():
+    """Restores the process's global RNG states (python `random`, numpy, torch CPU and every CUDA
+    device) on exit: building a vLLM engine seeds them all with the engine's seed."""
+    import random
+
+    try:
+        import numpy as np
+    except ImportError:  # numpy is vLLM's dependency, not ours
+        np = None
+    py, cpu = random.getstate(), torch.get_rng_state()
+    npy = np.random.get_state() if np is not None else None
+    cuda = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
+    try:
+        yield
+    finally:
+        random.setstate(py)
+        torch.set_rng_state(cpu)
+        if npy is not None:
+            np.random.set_state(npy)
+        if cuda is not None:
+            torch.cuda.set_rng_state_all(cuda)
 
 
 class VLLMRollout:
@@ -56,10 +107,13 @@ class VLLMRollout:
     def __init__(self, actor_model, tokenizer, *, max_prompt_length: int, max_response_length: int,
                  model_path: str, tokenizer_path: str | None = None, top_p: float = 1.0, top_k: int = 0,
                  ignore_eos: bool = False, gpu_memory_utilization: float = 0.5, seed: int = 0,
-                 trust_remote_code: bool = False, weight_items=hf_state_items, **llm_kwargs):
-        """`weight_items(actor_model)` -> (HF name, tensor) pairs (a Ray rank streams them from its
-        shards); `llm_kwargs` go to vLLM's LLM(...) (a Ray rank adds sleep mode and the external
-        launcher: with enable_sleep_mode the engine starts asleep)."""
+                 trust_remote_code: bool = False, weight_items=hf_tensors, **llm_kwargs):
+        """`weight_items(actor_model)` -> (HF name, tensor) pairs, LoRA merged out of place (a Ray
+        rank streams them from its shards); `llm_kwargs` go to vLLM's LLM(...) (a Ray rank adds
+        sleep mode and the external launcher: with enable_sleep_mode the engine starts asleep)."""
+        from reinforge.models.forward import unwrap_peft
+
+        check_unquantized(getattr(unwrap_peft(actor_model), "config", None), f"model.path={model_path!r}")
         os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
         from vllm import LLM
 
@@ -71,10 +125,11 @@ class VLLMRollout:
         self.capabilities = RolloutCapabilities(continues=False, needs_gpu=True, own_weights=True,
                                                 per_prompt_seeds=True, sleeps=sleeps)
         dtype = next(actor_model.parameters()).dtype
-        self.llm = LLM(model=model_path, tokenizer=tokenizer_path or model_path,
-                       dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=gpu_memory_utilization,
-                       max_model_len=self.P + self.T, seed=seed, enable_prefix_caching=True,
-                       logprobs_mode="processed_logprobs", trust_remote_code=trust_remote_code, **llm_kwargs)
+        with preserved_global_rngs():  # the engine seeds python, numpy and torch with `seed`
+            self.llm = LLM(model=model_path, tokenizer=tokenizer_path or model_path,
+                           dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=gpu_memory_utilization,
+                           max_model_len=self.P + self.T, seed=seed, enable_prefix_caching=True,
+                           logprobs_mode="processed_logprobs", trust_remote_code=trust_remote_code, **llm_kwargs)
         self.sync_weights(actor_model)  # the actor may be a LoRA-wrapped or resumed model
         if sleeps:
             self.sleep()
@@ -93,8 +148,16 @@ class VLLMRollout:
     def continue_ids(self, contexts, max_new, *, greedy, sampling, stop=None):
         raise NotImplementedError("the vLLM backend does not continue token prefixes (capabilities.continues)")
 
-    def wake_up(self) -> None:
-        self.llm.wake_up()
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """Restore the engine's GPU memory: `tags` ["weights"] and/or ["kv_cache"] (None: both).
+        A caller that loads new weights wakes "weights" first, loads, then wakes "kv_cache", so
+        the KV cache is allocated only once the weights are in place (distributed/engine.py)."""
+        tags = ["weights", "kv_cache"] if tags is None else list(tags)
+        if "weights" in tags:
+            torch.cuda.empty_cache()  # the trainer's cached blocks back to the device first
+        self.llm.wake_up(tags=tags)
+        if "kv_cache" in tags:
+            self.llm.reset_prefix_cache()  # the KV cache was discarded asleep: no cached prefix is valid
 
     def sleep(self) -> None:
         self.llm.sleep(level=1)  # weights to CPU, KV cache freed: the GPU is the trainer's
@@ -110,6 +173,8 @@ class VLLMRollout:
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
 
     def _params(self, n: int, temperature: float, greedy: bool, seed: int | None = None):
+        if not greedy:  # vLLM would silently sample at another temperature, or fail later
+            check_temperature(temperature, "the sampling temperature")
         from vllm import SamplingParams
 
         return SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else self.top_p,
