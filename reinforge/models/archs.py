@@ -97,13 +97,16 @@ def _arch(name: str) -> Arch:
 
 
 def _small_shape(cfg: dict, hidden: int) -> dict:
-    """The shape at width `hidden`: head dim min(real, hidden // 4), heads hidden // head dim,
-    KV heads in the real ratio (at least 1, dividing the heads), MLP width in the real ratio
-    (a multiple of 8)."""
+    """The shape at width `hidden` (a multiple of 8): head dim the largest even divisor of
+    hidden up to min(real head dim, hidden // 4), heads hidden // head dim, KV heads in the real
+    ratio (at least 1, dividing the heads), MLP width in the real ratio (a multiple of 8)."""
+    if hidden == cfg["hidden_size"]:
+        return {}
+    if hidden < 8 or hidden % 8:
+        raise ValueError(f"hidden must be a multiple of 8 (>= 8), got {hidden}")
     heads = cfg["num_attention_heads"]
-    head_dim = min(cfg.get("head_dim") or cfg["hidden_size"] // heads, max(1, hidden // 4))
-    if hidden % head_dim:
-        raise ValueError(f"hidden={hidden} must be a multiple of {head_dim}")
+    cap = min(cfg.get("head_dim") or cfg["hidden_size"] // heads, hidden // 4)
+    head_dim = max(d for d in range(2, cap + 1, 2) if hidden % d == 0)
     n = hidden // head_dim
     kv = max(1, n * cfg["num_key_value_heads"] // heads)
     while n % kv:
