@@ -68,7 +68,7 @@ def test_hermes_episode_is_the_templates_tokens(real_tok, name):
 
 def test_a_merge_across_the_turn_boundary_keeps_the_sampled_ids(real_tok):
     tok = real_tok("qwen2.5-0.5b")
-    prompt, ids, gen, traj = _episode(tok, "\n36", True)
+    prompt, ids, gen, _ = _episode(tok, "\n36", True)
     conv = [USER, {"role": "assistant", "content": CALL}, {"role": "tool", "content": "36"},
             {"role": "assistant", "content": "\n36"}]
     rendered = tok.apply_chat_template(conv, tools=[CALC.schema()], tokenize=False).rstrip("\n")
@@ -81,3 +81,4 @@ def test_a_merge_across_the_turn_boundary_keeps_the_sampled_ids(real_tok):
     assert prompt + ids != joint and len(prompt + ids) == len(joint) + 1
     first = next(k for k in range(len(ids)) if gen[k] and k > 0 and not gen[k - 1])  # the second turn's start
     assert ids[first - 1:first + 1] == nl + nl and gen[first - 1] == 0
+    assert joint[len(prompt) + first - 1] == nlnl[0]
