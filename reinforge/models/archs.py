@@ -4,12 +4,12 @@
 builds one: `arch_config` (the HF config), `arch_tokenizer` (the tokenizer folder) and the
 model, random-initialised once (`reinforge model --arch NAME OUT` saves both).
 
-The tokenizers come from the vocab-only GGUF files of models/vocabs.py, adjusted to the
-released tokenizer of each model where the GGUF differs (verified: the BPE ranks are the
-released ones; these are the differences):
+The tokenizers come from the vocab-only GGUF files of models/vocabs.py (their BPE vocabularies
+and merges are the released ones: "Hello world" encodes to the released ids, tests/
+test_real_vocab.py), adjusted where the GGUF differs from the released tokenizer:
 - Qwen2's GGUF is the Qwen1.5 / Qwen2 vocabulary: ids 151646-151935 are placeholders
-  (`[PAD151646]`, ...). Qwen2.5 and Qwen3 use the same BPE and name some of them: `ADDED`
-  restores those names at their ids (`<tool_call>` = 151657, Qwen3's `<think>` = 151667, ...),
+  (`[PAD151646]`, ...). Qwen2.5 and Qwen3 use the same BPE and name some of them: their names
+  are restored at their ids (`<tool_call>` = 151657, Qwen3's `<think>` = 151667, ...),
   so a tool call or a think tag is one token as in the released tokenizers.
 - Llama 3's GGUF names 128002-128255 `<|reserved_special_token_N|>` (the 3.0 names) and the
   conversion adds an `<|endoftext|>` at 128256, beyond the model's 128,256 rows: the 3.1 / 3.2
@@ -256,4 +256,3 @@ def describe() -> list[str]:
     """One line an architecture: name, what it is, its vocabulary."""
     return [f"{n}: {a.about}, {a.config['num_hidden_layers']} layers, hidden {a.config['hidden_size']}, "
             f"vocabulary {a.config['vocab_size']} ({a.vocab})" for n, a in ARCHS.items()]
-
