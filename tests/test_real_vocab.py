@@ -29,7 +29,8 @@ def toks(real_tok) -> dict:
 
 @pytest.fixture(scope="module")
 def qwen3_files(real_vocabs) -> dict:
-    """Qwen3's tokenizer folder as files: {"added": {content: id}, "n": ids, "template": text}."""
+    """Qwen3's tokenizer folder as files: added tokens {content: id} and {content: special}, the
+    number of ids, the chat template."""
     folder = arch_tokenizer_folder("qwen3-0.6b")
     tj = json.loads((folder / "tokenizer.json").read_text())
     ids = [*tj["model"]["vocab"].values(), *(t["id"] for t in tj["added_tokens"])]
