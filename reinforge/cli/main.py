@@ -119,14 +119,41 @@ def cmd_data(args) -> int:
 
 
 def cmd_model(args) -> int:
+    """Without --arch: the tiny Qwen2 with the character tokenizer. With --arch: a real
+    architecture at its real shape (models/archs.py), random-initialised, with its real tokenizer."""
+    from reinforge.config.load import ConfigError
+
+    out = args.out_dir or args.out
+    if args.list:
+        from reinforge.models.archs import describe
+
+        print("\n".join(describe()))
+        return 0
+    if not out:
+        raise ConfigError("reinforge model needs an output folder: reinforge model [--arch NAME] OUT")
+    if args.arch:
+        from reinforge.models.archs import ARCHS, save_arch
+        from reinforge.models.vocabs import VocabFetchError
+
+        if args.arch not in ARCHS:
+            raise ConfigError(f"unknown architecture {args.arch!r}; known: {', '.join(ARCHS)} (reinforge model --list)")
+        try:
+            model = save_arch(args.arch, out, layers=args.layers or None, hidden=args.hidden or None, seed=args.seed)
+        except (VocabFetchError, ValueError) as exc:
+            raise ConfigError(str(exc)) from exc
+        c = model.config
+        print(f"{args.arch} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters: {c.num_hidden_layers} "
+              f"layers, hidden {c.hidden_size}, vocabulary {c.vocab_size}), random-initialised, and its tokenizer "
+              f"written to {out}")
+        return 0
     from reinforge.models.tiny import make_tiny_model
     from reinforge.tasks import build_char_tokenizer
 
     tok = build_char_tokenizer()
     kw = {k: v for k, v in dict(hidden_size=args.hidden, num_layers=args.layers).items() if v}
-    model = make_tiny_model(tok, args.out, seed=args.seed, **kw)
+    model = make_tiny_model(tok, out, seed=args.seed, **kw)
     print(f"tiny Qwen2 model ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters) "
-          f"and character tokenizer written to {args.out}")
+          f"and character tokenizer written to {out}")
     return 0
 
 
@@ -177,11 +204,16 @@ def build_parser() -> argparse.ArgumentParser:
         pp.add_argument("input")
         pp.add_argument("output")
     p.set_defaults(fn=cmd_data)
-    p = sub.add_parser("model", help="write a tiny Qwen2 model with the character tokenizer (for tests/demo)")
-    p.add_argument("--out", required=True)
+    p = sub.add_parser("model", help="write a random-initialised model folder: a real architecture with its real "
+                                      "tokenizer (--arch), or the tiny Qwen2 with the character tokenizer (tests/demo)")
+    p.add_argument("out_dir", nargs="?", default=None, help="the folder to write (or --out)")
+    p.add_argument("--out", default=None)
+    p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b (reinforge model --list); "
+                                                 "the tokenizer is fetched once into the vocab cache")
+    p.add_argument("--list", action="store_true", help="list the architectures --arch knows")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--hidden", type=int, default=0)
-    p.add_argument("--layers", type=int, default=0)
+    p.add_argument("--hidden", type=int, default=0, help="a smaller width (tests): heads and MLP width follow")
+    p.add_argument("--layers", type=int, default=0, help="the number of decoder layers (default: the real one)")
     p.set_defaults(fn=cmd_model)
     p = sub.add_parser("report", help="plots and an HTML page for a run directory")
     p.add_argument("run_dir")

@@ -79,6 +79,36 @@ def load_tokenizer(path: str, trust_remote_code: bool = False):
     return tok
 
 
+_TURN_SENTINEL = "\u2063REINFORGE_TURN\u2063"
+
+
+def turn_end_ids(tokenizer) -> list[int]:
+    """The special token a chat template closes an assistant turn with (ChatML's `<|im_end|>`,
+    Llama 3's `<|eot_id|>`), as a list of at most one id; [] without a template, when the
+    template writes no special token right after the assistant's content, or cannot render.
+
+    Why: a tokenizer's EOS need not end a turn (Qwen2's is `<|endoftext|>`, its chat turns end
+    with `<|im_end|>`), and a base model's generation config names only that EOS; a rollout
+    stopping at EOS alone would run every chat reply on to the length limit.
+    """
+    if not getattr(tokenizer, "chat_template", None):
+        return []
+    conv = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _TURN_SENTINEL}]
+    try:
+        text = tokenizer.apply_chat_template(conv, tokenize=False)
+    except Exception:  # a template may refuse this conversation (raise_exception): then no turn end is known
+        return []
+    if _TURN_SENTINEL not in text:
+        return []
+    closing = text[text.index(_TURN_SENTINEL) + len(_TURN_SENTINEL):]
+    ids = tokenizer(closing, add_special_tokens=False)["input_ids"] if closing else []
+    if not ids:
+        return []
+    added = getattr(tokenizer, "added_tokens_decoder", {}) or {}
+    special = ids[0] in set(tokenizer.all_special_ids) or (ids[0] in added and added[ids[0]].special)
+    return [ids[0]] if special else []
+
+
 def _finish(model: PreTrainedModel, device: str, gradient_checkpointing: bool, train: bool) -> PreTrainedModel:
     model.to(device)
     if gradient_checkpointing:

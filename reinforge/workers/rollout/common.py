@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import torch
 
+from reinforge.models.loading import turn_end_ids
 from reinforge.models.padding import pad
 from reinforge.protocol import Batch
 
@@ -54,10 +55,18 @@ def sampling_meta(temperature: float, top_k: int, top_p: float, greedy: bool) ->
 
 
 def stop_token_ids(tokenizer, model) -> list[int]:
-    """The tokenizer's EOS plus the model's generation-config EOS id(s), sorted."""
-    gen_eos = getattr(model.generation_config, "eos_token_id", None)
-    gen_eos = [] if gen_eos is None else list(gen_eos) if isinstance(gen_eos, (list, tuple)) else [gen_eos]
-    return sorted({tokenizer.eos_token_id, *gen_eos})
+    """The ids a response ends at, sorted: the tokenizer's EOS, the model's generation-config EOS
+    id(s) and the chat template's end of turn (models/loading.turn_end_ids: Qwen2's eos is
+    <|endoftext|> while its chat turns end with <|im_end|>, and a rollout must stop where the
+    template ends a turn)."""
+    return stop_tokens(tokenizer, getattr(getattr(model, "generation_config", None), "eos_token_id", None))
+
+
+def stop_tokens(tokenizer, generation_eos) -> list[int]:
+    """`stop_token_ids` from a generation config's eos_token_id (an int, a list or None)."""
+    gen = [] if generation_eos is None else list(generation_eos) if isinstance(generation_eos, (list, tuple)) \
+        else [generation_eos]
+    return sorted({t for t in (tokenizer.eos_token_id, *gen, *turn_end_ids(tokenizer)) if t is not None})
 
 
 def assemble_rollout(prompts: Batch, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, resp: torch.Tensor,
