@@ -22,6 +22,7 @@ import torch
 
 from reinforge.config.schema import DEFAULT_JUDGE_TEMPLATES, JudgeConfig
 from reinforge.models.forward import position_ids_from_mask
+from reinforge.models.loading import turn_end_ids
 from reinforge.models.padding import pad
 
 JUDGE_NAME = "judge"  # the reserved reward.functions name
@@ -113,9 +114,12 @@ class JudgeScorer:
         from transformers import GenerationConfig
 
         input_ids, mask = pad(ids, self.tok.pad_token_id, side="left")
-        # Greedy; the folder's generation_config.json (sampling settings) is not read.
+        # Greedy; the folder's generation_config.json (sampling settings) is not read. The verdict
+        # ends at EOS or at the chat template's end of turn (Qwen2's EOS is <|endoftext|>, its
+        # turns end with <|im_end|>): stopping at EOS alone lets the parser read past the verdict.
+        stops = sorted({t for t in (self.tok.eos_token_id, *turn_end_ids(self.tok)) if t is not None})
         gen = GenerationConfig(do_sample=False, max_new_tokens=self.cfg.max_new_tokens,
-                               pad_token_id=self.tok.pad_token_id, eos_token_id=self.tok.eos_token_id)
+                               pad_token_id=self.tok.pad_token_id, eos_token_id=stops)
         out = self.model.generate(input_ids=input_ids.to(self.device), attention_mask=mask.to(self.device),
                                   generation_config=gen)
         texts = self.tok.batch_decode(out[:, input_ids.shape[1]:], skip_special_tokens=True)

@@ -169,3 +169,32 @@ def test_grpo_step_with_the_judge_as_a_weighted_reward(tiny_model_dir, arith_dat
     for s in samples:
         assert 0.0 <= s["rewards"]["judge"] <= 1.0
         assert s["score"] == pytest.approx(0.5 * s["rewards"]["judge"] + s["rewards"]["digit_fraction"], abs=1e-5)
+
+
+def test_generate_mode_stops_at_the_chat_templates_turn_end(real_tok):
+    """With Qwen2's real tokenizer (EOS <|endoftext|>, turns end with <|im_end|>) a generating
+    judge stops at <|im_end|>: the verdict "7" is parsed, not the "3" a model writes after its
+    turn. The model is a stand-in whose generate honours the stop ids it is given, as
+    transformers' does."""
+    from types import SimpleNamespace
+
+    tok = real_tok("qwen2.5-0.5b")
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    continuation = tok("7", add_special_tokens=False)["input_ids"] + [im_end] + \
+        tok("3", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+
+    def generate(input_ids, attention_mask, generation_config):
+        stops = set(generation_config.eos_token_id)
+        out = []
+        for t in continuation[:generation_config.max_new_tokens]:
+            out.append(t)
+            if t in stops:
+                break
+        return torch.cat([input_ids, torch.tensor([out] * input_ids.shape[0])], dim=1)
+
+    judge = object.__new__(JudgeScorer)
+    judge.tok, judge.device = tok, torch.device("cpu")
+    judge.cfg = JudgeConfig(model_path="unused", mode="generate", max_new_tokens=8)
+    judge.model = SimpleNamespace(generate=generate)
+    ids = [tok("score it:", add_special_tokens=False)["input_ids"]]
+    assert judge._generate(ids) == [{"score": pytest.approx(0.7), "parsed": 1.0}]
