@@ -171,6 +171,11 @@ class TimeoutPool:
             raise ValueError(f"num_workers must be >= 1, got {num_workers}")
         methods = mp.get_all_start_methods()
         self._ctx = mp.get_context(start_method if start_method in methods else "spawn")
+        if self._ctx.get_start_method() == "forkserver":
+            # The fork server imports what every worker imports once, so a worker starts in
+            # ~20 ms instead of ~0.4 s (the time-out burst starts up to 16 at once). Ignored
+            # once the fork server runs; "__main__" is the default entry.
+            self._ctx.set_forkserver_preload(["__main__", __name__, "reinforge.rewards.registry"])
         self.num_workers, self.timeout_s = num_workers, timeout_s
         self._preload = (list(preload_specs), list(preload_modules))
         self._workers: list[_Worker | None] = [None] * num_workers
