@@ -94,7 +94,14 @@ def _call_in_thread(fn: Callable, args: tuple, kwargs: dict, timeout: float):
     if thread.is_alive():
         raise _Overrun
     if "error" in box:
-        raise box["error"]
+        # Popped and dropped here so that no cycle (the error's traceback -> this frame -> box ->
+        # the error) keeps the thread alive until a garbage collection, whose weakref callbacks
+        # could then run inside another caller's SIGALRM window (builtin.math_verify_reward).
+        error = box.pop("error")
+        try:
+            raise error
+        finally:
+            del error
     return box["value"]
 
 
