@@ -153,11 +153,13 @@ def _imported_names(path: str) -> set[str]:
     return names
 
 
-def _check_clashes(path: str, folders: list[str], kind: str) -> None:
-    """ConfigError when the file imports a module that the first of `folders` providing it holds,
-    but sys.modules already has one of that name from elsewhere (Python would reuse that one)."""
+def _check_clashes(path: str, kind: str) -> None:
+    """ConfigError when the file imports a module beside it that sys.modules already has from
+    elsewhere (Python would reuse that one). The working directory is not checked: there, as
+    under `python -m`, a module already loaded wins (a checkout of an installed package, say)."""
+    folder = os.path.dirname(path)
     for name in sorted(_imported_names(path)):
-        beside = next((p for p in (_provides(f, name) for f in folders) if p), None)
+        beside = _provides(folder, name)
         loaded = sys.modules.get(name)
         if beside is None or loaded is None:
             continue
@@ -179,7 +181,7 @@ def import_file(path: str, kind: str = "user code"):
     if name in sys.modules:
         return sys.modules[name]
     folders = list(dict.fromkeys([os.path.dirname(path), os.getcwd()]))
-    _check_clashes(path, folders, kind)
+    _check_clashes(path, kind)
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # lets dataclasses / pickling inside the file find the module
