@@ -2,7 +2,14 @@
 environments.
 
     path/to/file.py:name        # a .py file (relative to the working directory), imported once
-    package.module:name         # an importable module
+    package.module:name         # an importable module (the working directory is searched too)
+
+A file imports modules beside it as a script would (`from my_helpers import f`): while it runs,
+its folder, then the working directory, lead sys.path; afterwards both stay at the end of
+sys.path only (imports inside its functions still find them, and they shadow nothing installed).
+A module beside the file that the file imports but that is already loaded from elsewhere (a
+second user folder's helpers.py, an installed or standard module of that name) is a ConfigError
+naming both, not a silent use of the other one.
 
 The old forms still load and print one `[reinforge] deprecated:` line each:
 `python:path/to/file.py:name` / `python:package.module:name` (tools and environments) and
@@ -19,12 +26,15 @@ config package.
 """
 from __future__ import annotations
 
+import ast
+import contextlib
+import hashlib
 import importlib
 import importlib.util
 import multiprocessing
 import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 IN_PROCESS_PREFIX = "python:"
 _warned: set[str] = set()
@@ -74,25 +84,110 @@ def import_target(target: str, kind: str, spec: str):
     if target.endswith(".py"):
         return import_file(target, kind)
     try:
-        return importlib.import_module(target)
+        try:
+            return importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            # The console script's sys.path lacks the working directory (`python -m` has it):
+            # look there too, only for a module found nowhere else.
+            cwd = os.getcwd()
+            if not exc.name or target.split(".")[0] != exc.name.split(".")[0] or _on_path(cwd):
+                raise
+            with _leading_paths([cwd]):
+                return importlib.import_module(target)
     except Exception as exc:  # ImportError, or the module's own code raised at import
         raise _error(f"{kind} '{spec}': cannot import module '{target}' "
                      f"(importing {target} raised {type(exc).__name__}: {exc})") from exc
 
 
+def _on_path(folder: str) -> bool:
+    return any(os.path.abspath(p or os.curdir) == folder for p in sys.path)
+
+
+@contextlib.contextmanager
+def _leading_paths(folders: list[str]) -> Iterator[None]:
+    """`folders` first on sys.path while the block runs; afterwards each one that was not on
+    sys.path before is at its end (later imports of a name nothing installed has, such as one
+    inside a user function, still find it there; it shadows nothing)."""
+    before = [f for f in folders if _on_path(f)]
+    sys.path[:0] = folders
+    try:
+        yield
+    finally:
+        for f in folders:  # one copy each; a copy the user code added itself stays
+            if f in sys.path:
+                sys.path.remove(f)
+        sys.path.extend(f for f in folders if f not in before and not _on_path(f))
+
+
+def _provides(folder: str, name: str) -> str | None:
+    """The file or package folder by which `folder` provides top-level module `name`, if any
+    (a plain folder without __init__.py is a namespace package, which anything else outranks)."""
+    for candidate in (os.path.join(folder, name + ".py"), os.path.join(folder, name, "__init__.py")):
+        if os.path.isfile(candidate):
+            return candidate
+    return None
+
+
+def _loaded_from(module) -> str:
+    where = getattr(module, "__file__", None)
+    if where:
+        return os.path.realpath(where)
+    portions = list(getattr(module, "__path__", None) or ())
+    return f"the namespace package {portions}" if portions else "(built into Python)"
+
+
+def _imported_names(path: str) -> set[str]:
+    """The top-level module names a file's import statements name (anywhere in it); empty when
+    it does not parse (exec_module then reports the syntax error)."""
+    try:
+        with open(path, "rb") as fh:
+            tree = ast.parse(fh.read(), path)
+    except (SyntaxError, ValueError, OSError):
+        return set()
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(a.name.split(".")[0] for a in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.add(node.module.split(".")[0])
+    return names
+
+
+def _check_clashes(path: str, kind: str) -> None:
+    """ConfigError when the file imports a module beside it that sys.modules already has from
+    elsewhere (Python would reuse that one). The working directory is not checked: there, as
+    under `python -m`, a module already loaded wins (a checkout of an installed package, say)."""
+    folder = os.path.dirname(path)
+    for name in sorted(_imported_names(path)):
+        beside = _provides(folder, name)
+        loaded = sys.modules.get(name)
+        if beside is None or loaded is None:
+            continue
+        where = _loaded_from(loaded)
+        if where != os.path.realpath(beside):
+            raise _error(f"{kind} file {path} imports '{name}', which is {beside}, but a module '{name}' is already "
+                         f"loaded from {where}; rename {beside} (module names are one namespace per process)")
+
+
 def import_file(path: str, kind: str = "user code"):
-    """Import a .py file once per process under a name derived from its absolute path."""
+    """Import a .py file once per process under a name derived from its absolute path, with its
+    folder and the working directory leading sys.path while it runs (module docstring)."""
     path = os.path.abspath(path)
     if not os.path.isfile(path):
         raise _error(f"{kind} file not found: {path}")
-    name = "reinforge_user_" + str(abs(hash(path)))
+    # Stable across processes (hash() of a str is not), so a worker's module has the parent's name.
+    stem = "".join(c if c.isalnum() else "_" for c in os.path.splitext(os.path.basename(path))[0])
+    name = f"reinforge_user_{stem}_{hashlib.sha1(path.encode()).hexdigest()[:12]}"
     if name in sys.modules:
         return sys.modules[name]
+    folders = list(dict.fromkeys([os.path.dirname(path), os.getcwd()]))
+    _check_clashes(path, kind)
     module_spec = importlib.util.spec_from_file_location(name, path)
     module = importlib.util.module_from_spec(module_spec)
     sys.modules[name] = module  # lets dataclasses / pickling inside the file find the module
     try:
-        module_spec.loader.exec_module(module)
+        with _leading_paths(folders):
+            module_spec.loader.exec_module(module)
     except Exception as exc:  # a syntax error (its message holds the line) or the file's own code
         del sys.modules[name]
         raise _error(f"{kind} file {path}: {type(exc).__name__}: {exc}") from exc

@@ -86,3 +86,74 @@ def test_python_prefix_means_handed_over_in_python(user_file):
 def test_errors_name_the_kind_and_spec(user_file, spec, message):
     with pytest.raises(ConfigError, match=message):
         load_reward_fn(spec)
+
+
+@pytest.fixture
+def clean_imports(monkeypatch):
+    """sys.path and sys.modules as they were, after the test (it imports throw-away modules)."""
+    import sys
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    before = set(sys.modules)
+    yield
+    for name in set(sys.modules) - before:
+        del sys.modules[name]
+
+
+def _folder(root, name: str, files: dict[str, str]):
+    folder = root / name
+    folder.mkdir()
+    for file, text in files.items():
+        (folder / file).write_text(text)
+    return folder
+
+
+def test_a_file_imports_modules_beside_it_from_any_directory(tmp_path, monkeypatch, clean_imports):
+    """`from helpers import ...` beside the reward file, at import and inside the function, with
+    the working directory elsewhere; while the file runs its folder leads sys.path, afterwards
+    it is only at the end (it shadows no installed module)."""
+    import os
+    import sys
+
+    rewards = _folder(tmp_path, "rewards", {
+        "helpers_u1.py": "def double(x):\n    return 2 * x\n",
+        "late_u1.py": "BONUS = 0.5\n",
+        "reward.py": "import sys\nfrom helpers_u1 import double\nAT_IMPORT = sys.path[0]\n"
+                     "def score(prompt, response, ground_truth, **extra):\n"
+                     "    import late_u1\n    return double(len(response)) + late_u1.BONUS\n"})
+    elsewhere = _folder(tmp_path, "elsewhere", {})
+    monkeypatch.chdir(elsewhere)
+    before = [p for p in sys.path if p and os.path.abspath(p) != str(elsewhere)]  # as the console script has it
+    sys.path[:] = before
+    fn = load_reward_fn("../rewards/reward.py:score")
+    assert fn("p", "abc", None) == 6.5
+    assert sys.modules[fn.__module__].AT_IMPORT == str(rewards)
+    assert sys.path == [*before, str(rewards), str(elsewhere)]
+    assert load_reward_fn(f"{rewards}/reward.py:score") is fn  # one module per file and process
+
+
+def test_a_module_beside_the_file_already_loaded_from_elsewhere_is_an_error(tmp_path, clean_imports):
+    """Two reward folders that each hold helpers_u2.py: the second file would silently get the
+    first folder's module (Python's one namespace of module names), so it fails naming both."""
+    helper = "VALUE = {}\n"
+    reward = "from helpers_u2 import VALUE\ndef score(prompt, response, ground_truth, **extra):\n    return VALUE\n"
+    a = _folder(tmp_path, "a", {"helpers_u2.py": helper.format(1), "reward.py": reward})
+    b = _folder(tmp_path, "b", {"helpers_u2.py": helper.format(2), "reward.py": reward})
+    assert load_reward_fn(f"{a}/reward.py:score")("p", "r", None) == 1
+    with pytest.raises(ConfigError, match=rf"^reward file {b}/reward.py imports 'helpers_u2', which is "
+                                          rf"{b}/helpers_u2.py, but a module 'helpers_u2' is already loaded from "
+                                          rf"{a}/helpers_u2.py; rename {b}/helpers_u2.py"):
+        load_reward_fn(f"{b}/reward.py:score")
+
+
+def test_a_module_spec_is_found_in_the_working_directory(tmp_path, monkeypatch, clean_imports):
+    """`module:fn` for a module in the working directory, which the console script's sys.path lacks."""
+    import os
+    import sys
+
+    here = _folder(tmp_path, "here", {"cwd_rewards_u3.py": "def score(prompt, response, ground_truth, **extra):\n"
+                                                           "    return 3.0\n"})
+    monkeypatch.chdir(here)
+    sys.path[:] = [p for p in sys.path if p and os.path.abspath(p) != str(here)]
+    assert load_reward_fn("cwd_rewards_u3:score")("p", "r", None) == 3.0
+    assert sys.path[-1] == str(here)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import inspect
 import math
 import numbers
 import pickle
@@ -13,7 +14,7 @@ import time
 from typing import Any, Callable
 
 from reinforge.config.schema import RewardConfig
-from reinforge.rewards.pool import ERROR, OK, TIMEOUT, TimeoutPool
+from reinforge.rewards.pool import ERROR, OK, SKIPPED, TIMEOUT, TimeoutPool, hopeless
 from reinforge.rewards.registry import PYTHON_PREFIX, load_reward_fn
 from reinforge.rewards.scores import ACC_KEY, FunctionScores
 from reinforge.rewards.styles import batch_call, calling, sample_call
@@ -49,6 +50,26 @@ def _error(exc: BaseException) -> tuple[str, str]:
     return ERROR, f"{type(exc).__name__}: {exc}"
 
 
+# What libraries say when they are called off the main thread and time themselves with
+# signal.alarm (Python's own ValueError; math_verify's rewording of it).
+_SIGNAL_IN_THREAD = ("signal only works in main thread", "threaded environment")
+
+
+def _thread_hint(results: list[tuple[str, Any]], where: str | None) -> list[tuple[str, Any]]:
+    """results, each error that comes from needing signals in a thread (the function ran in one
+    because `where`) followed by the fix."""
+    return [(status, _with_hint(value, where) if status == ERROR else value) for status, value in results]
+
+
+def _with_hint(message: str, where: str | None) -> str:
+    if where is not None and any(s in message for s in _SIGNAL_IN_THREAD):
+        message += (f" [reinforge: this function runs in a thread ({where}), where signals do not work; define it "
+                    "in a file and name it as 'path/file.py:fn' (or 'package.module:fn') so that a reward worker "
+                    "process runs it on its main thread, or turn the library's signal timeouts off (math_verify: "
+                    "parse(..., parsing_timeout=None), verify(..., timeout_seconds=None))]")
+    return message
+
+
 class _Overrun(Exception):
     """A call in a thread ran past its deadline (unlike a TimeoutError the function raises itself)."""
 
@@ -73,7 +94,14 @@ def _call_in_thread(fn: Callable, args: tuple, kwargs: dict, timeout: float):
     if thread.is_alive():
         raise _Overrun
     if "error" in box:
-        raise box["error"]
+        # Popped and dropped here so that no cycle (the error's traceback -> this frame -> box ->
+        # the error) keeps the thread alive until a garbage collection, whose weakref callbacks
+        # could then run inside another caller's SIGALRM window (builtin.math_verify_reward).
+        error = box.pop("error")
+        try:
+            raise error
+        finally:
+            del error
     return box["value"]
 
 
@@ -117,11 +145,15 @@ class _EventLoop:
             self.loop.close()
 
 
-def _sendable(fn: Callable) -> str | None:
+def _sendable(fn: Callable, by_reference: bool = False) -> str | None:
     """None when a worker process can receive `fn`; else why not. A function of __main__ is
-    picklable by name, but a worker would re-run the user's script to find it."""
+    picklable by name, but a worker would re-run the user's script to find it. by_reference:
+    only a plain function (pickled by name), never an object whose state would be copied (a
+    batched scorer holding a model, such as the LLM judge)."""
     if getattr(fn, "__module__", None) == "__main__":
         return "it is defined in __main__"
+    if by_reference and not inspect.isfunction(fn):
+        return f"it is a {type(fn).__name__} object, not a function a worker can import"
     try:
         pickle.dumps(fn)
     except Exception as exc:  # noqa: BLE001 - lambdas, closures, local functions
@@ -147,12 +179,16 @@ class _Fn:
         self.why_not_pooled = None
         if self.call.is_async:
             self.mode = "async"  # awaited concurrently on the manager's event loop
-        elif self.call.batched:
-            self.mode = "batched"  # one call a batch, in a thread
-        elif self.bounded and num_workers == 0:
+            self.why_not_pooled = "it is async def, awaited on the manager's event-loop thread"
+        elif self.bounded and num_workers == 0 and not self.call.batched:
             self.mode = "inline"
+        elif getattr(self.fn, "in_process", False):
+            self.why_not_pooled = "it sets in_process = True"
+            self.mode = "thread"
         else:
-            self.why_not_pooled = None if by_name else _sendable(self.fn)
+            # A batched call goes to a worker too (killable at its deadline, on a main thread where
+            # signal-based timeouts work), but only by reference: its state is not copied.
+            self.why_not_pooled = None if by_name else _sendable(self.fn, by_reference=self.call.batched)
             self.mode = "thread" if self.why_not_pooled else "pool"
 
 
@@ -179,13 +215,20 @@ class RewardManager:
       by re-running the user's script) runs in this process, each call in a thread with
       `timeout_s` (a thread cannot be killed: a hung call is abandoned);
     - batched functions (TRL style, veRL's batch form, reinforge's `batched = True`) are called
-      once per batch in a thread with `batched_timeout_s` (default timeout_s per sample);
+      once per batch with `batched_timeout_s` (default timeout_s per sample), in a worker process
+      (on its main thread, as TRL calls them: signal-based timeouts such as math_verify's work)
+      when it can import them (a file or module spec, or a plain function outside __main__);
+      otherwise, or when the function sets `in_process = True` (it holds a model, say), in a
+      thread of this process;
     - `async def` functions of any style are awaited concurrently on one event loop (per-sample
       ones: the whole batch at once), each call cancelled after `timeout_s` (batched ones:
       `batched_timeout_s`).
     A call that raises or times out scores `default_score` and is counted in `reward/errors` /
     `reward/timeouts` (time-outs are also reported on stderr); if more than `max_error_rate` of
-    one function's calls in a batch fail, RewardError names it and its first failure.
+    one function's calls in a batch fail, RewardError names it and its first failure. Per-sample
+    calls stop as soon as that is certain (the rest are not made), and after a time-out in a
+    worker the batch's other calls run on up to pool.BURST_WORKERS workers side by side, so a
+    function that hangs costs a few deadlines, not one per sample (pool.Schedule).
     A TRL-style function may return None for a sample it does not apply to: that term is left out
     of the sum (a nan-aware sum, as TRL's; the other functions' weights are not rescaled), the
     function's mean is over the samples it scored, and `reward/unscored` is the fraction of
@@ -217,7 +260,9 @@ class RewardManager:
         self._pool = None
         self._loop: _EventLoop | None = None
         for f in self.fns:
-            if f.mode == "thread":
+            # (not for objects such as the LLM judge, which hold what no worker should copy)
+            if f.mode == "thread" and not getattr(f.fn, "in_process", False) and (
+                    not f.call.batched or inspect.isfunction(f.fn)):
                 print(f"[reinforge] reward '{f.name}' runs in this process, each call in a thread ({f.why_not_pooled}, "
                       f"so no worker process can run it): a call past timeout_s is abandoned, not killed; give it "
                       f"as 'file.py:fn' to have hung calls killed", file=sys.stderr)
@@ -248,12 +293,19 @@ class RewardManager:
         trajectories = trajectories or [None] * len(prompts)
         calls = [sample_call(f.call, p, r, g, e, t) for p, r, g, e, t in zip(prompts, responses, gts, extras, trajectories)]
         if f.mode == "pool":
-            return self._pool.run([(f.ref, args, kwargs) for args, kwargs in calls])
+            return self._pool.run([(f.ref, args, kwargs) for args, kwargs in calls], max_error_rate=self.max_error_rate)
         if f.mode == "async":
-            return self._event_loop().run([(f.fn, args, kwargs) for args, kwargs in calls], self.timeout_s)
+            return _thread_hint(self._event_loop().run([(f.fn, args, kwargs) for args, kwargs in calls], self.timeout_s),
+                                f.why_not_pooled)
         out = []
         threaded = f.mode == "thread"
-        for args, kwargs in calls:
+        n = len(calls)
+        for k, (args, kwargs) in enumerate(calls):
+            failures = sum(status != OK for status, _ in out)
+            if hopeless(failures, n, self.max_error_rate):  # the batch fails whatever the rest score
+                why = f"not scored: {failures} of {n} calls had already failed (more than max_error_rate)"
+                out.extend([(SKIPPED, why)] * (n - k))
+                break
             start = time.monotonic()
             try:
                 out.append((OK, _call_in_thread(f.fn, args, kwargs, self.timeout_s) if threaded else f.fn(*args, **kwargs)))
@@ -266,24 +318,28 @@ class RewardManager:
             elapsed = time.monotonic() - start
             if elapsed > self.timeout_s:
                 out[-1] = (TIMEOUT, f"took {elapsed:.1f}s in-process (timeout_s={self.timeout_s:g})")
-        return out
+        return _thread_hint(out, f.why_not_pooled) if threaded else out
 
     def _run_batched(self, f: _Fn, prompts, responses, gts, extras, completion_ids,
                      trajectories=None) -> list[tuple[str, Any]]:
         n = len(prompts)
         timeout = self._batched_timeout(n)
         args, kwargs = batch_call(f.call, prompts, responses, gts, extras, completion_ids, trajectories)
-        if f.call.is_async:
-            status, values = self._event_loop().run([(f.fn, args, kwargs)], timeout)[0]
+        if f.mode in ("async", "pool"):
+            if f.mode == "async":
+                status, values = self._event_loop().run([(f.fn, args, kwargs)], timeout)[0]
+            else:
+                status, values = self._pool.run([(f.ref, args, kwargs)], timeout_s=timeout)[0]
             if status != OK:
-                return [(status, values)] * n
+                values = f"batched call {values}" if status == TIMEOUT else values
+                return _thread_hint([(status, values)], f.why_not_pooled if f.mode == "async" else None) * n
         else:
             try:
                 values = _call_in_thread(f.fn, args, kwargs, timeout)
             except _Overrun:
                 return [(TIMEOUT, f"batched call timed out after {timeout:g}s")] * n
             except Exception as exc:  # noqa: BLE001
-                return [_error(exc)] * n
+                return _thread_hint([_error(exc)], f.why_not_pooled) * n
         if not isinstance(values, (list, tuple)) or len(values) != n:
             got = len(values) if isinstance(values, (list, tuple)) else type(values).__name__
             return [(ERROR, f"batched reward returned {got}, expected a list of {n}")] * n
@@ -337,7 +393,11 @@ class RewardManager:
         dict keys collected in `sums`. RewardError past max_error_rate."""
         n = len(results)
         scores, failures, first = [], 0, None
+        skipped = sum(status == SKIPPED for status, _ in results)
         for i, (status, value) in enumerate(results):
+            if status == SKIPPED:  # not called: the batch had already failed (RewardError below)
+                scores.append(self.default_score)
+                continue
             s = math.nan  # None (or nan, as TRL reads None) from a TRL-style function: not applicable
             if status == OK and trajectories is not None and isinstance(value, (list, tuple)):
                 try:
@@ -361,9 +421,10 @@ class RewardManager:
         if timeouts:
             print(f"[reinforge] reward '{f.name}': {timeouts}/{n} calls timed out and scored "
                   f"{self.default_score:g}: {next(v for st, v in results if st == TIMEOUT)}", file=sys.stderr)
-        if n and failures / n > self.max_error_rate:
+        if hopeless(failures, n, self.max_error_rate):
+            unscored = f", {skipped} more not scored once that many had failed" if skipped else ""
             raise RewardError(
-                f"reward function '{f.name}' failed on {failures}/{n} samples "
+                f"reward function '{f.name}' failed on {failures}/{n} samples{unscored} "
                 f"(max_error_rate={self.max_error_rate}); first failure: {first}"
             )
         return scores

@@ -17,8 +17,9 @@ What each style receives, from a dataset row (see reinforge.data.RLDataset):
 - reinforge: the rendered prompt text, the response text, the ground truth and every other
   column as a keyword (`data_source` included);
 - verl: `data_source`, the response as `solution_str`, the ground truth and the row's
-  `extra_info` column (an empty dict when the row has none; left out when the function takes
-  no `extra_info`);
+  `extra_info` column (an empty dict when the row has none), each only when the function names
+  it or takes **kwargs (veRL's per-dataset scorers, e.g. compute_score(solution_str,
+  ground_truth, method="strict"), take no data_source);
 - trl: the prompts as in the row (a string, or the message list of a conversational prompt),
   the completions as strings, or as `[{"role": "assistant", "content": text}]` when the prompt
   is a message list, the completions' token ids, and every column but the prompt as a keyword
@@ -140,11 +141,11 @@ def _reinforge_sample(c: Calling, prompt: str, response: str, ground_truth, extr
 
 
 def _verl_sample(c: Calling, prompt: str, response: str, ground_truth, extra: dict):
+    # veRL's own per-dataset scorers take fewer (gsm8k: solution_str, ground_truth, method=...):
+    # a function gets the ones it names, all four with **kwargs.
     kwargs = {"data_source": extra.get("data_source"), "solution_str": response, "ground_truth": ground_truth,
               "extra_info": _verl_extra_info(extra)}
-    if c.accepts is not None and "extra_info" not in c.accepts:
-        del kwargs["extra_info"]
-    return (), kwargs
+    return (), _accepted(c, kwargs)
 
 
 def _trl_columns(prompt_texts: list[str], ground_truths: list, extras: list[dict]) -> tuple[list, dict[str, list]]:

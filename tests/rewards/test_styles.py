@@ -39,6 +39,7 @@ def accuracy_reward(completions, solution, **kwargs):
 def echo_columns(prompts, completions, completion_ids, **kwargs):
     echo_columns.seen = dict(prompts=prompts, completions=completions, completion_ids=completion_ids, **kwargs)
     return [float(len(ids)) for ids in completion_ids]
+echo_columns.in_process = True  # called in this process, so the test can read what it saw
 
 def len_reward(completions, **kwargs):
     return [float(len(c)) for c in completions]
@@ -91,7 +92,7 @@ def test_verl_compute_score_unchanged_with_extra_info_and_dict_metrics(fns):
 
 def test_verl_batch_form_one_call(fns):
     with RewardManager([f"{fns}:compute_score_batch"]) as m:
-        assert m.fns[0].mode == "batched"
+        assert m.fns[0].call.batched and m.fns[0].mode == "pool"  # one call, in a worker process
         assert m.score(["q"] * 2, ["ab", "abc"], ["x", "y"]).scores == [2.0, 3.0]
 
 
