@@ -207,7 +207,9 @@ def fmt(x: float) -> str:
 
 
 def real_shape(args, work: Path, train: str, size: str) -> None:
-    """The qwen0.5b cells: floors, then one row per side and setting, then the ratios."""
+    """The qwen0.5b cells: one run per side and setting (TRL first, then reinforge, never both at
+    once), this machine's peaks measured before every run (the best of them is kept: on a busy
+    machine a floor measured at a bad moment would flatter the ratios), then the tables."""
     import torch
 
     sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -221,45 +223,60 @@ def real_shape(args, work: Path, train: str, size: str) -> None:
         torch.set_num_threads(args.threads)
     prompt_len = 6  # the task's a+b= prompts: 5-6 Qwen2 tokens; the floors use the upper end
     upd_tokens = rows * (prompt_len + T)
-    peaks = measure(spec["hidden"], spec["inter"], rows, upd_tokens)
-    load = os.getloadavg()[0]
+    peaks: dict = {}
+
+    def remeasure() -> None:
+        for k, v in measure(spec["hidden"], spec["inter"], rows, upd_tokens).items():
+            peaks[k] = max(peaks.get(k, 0.0), v)
+
     print(f"\n{size}: {n_params / 1e6:.0f}M parameters ({layers_of(model)} layers), vocabulary {V}, {rows} rows x {T} "
-          f"response tokens, no KL; load average {load:.1f} when the floors were measured")
-    print(f"floors: bandwidth {peaks['bandwidth'] / 1e9:.0f} GB/s; matmul GFLOP/s at decode ({rows} x {spec['hidden']} x "
-          f"{spec['inter']}) fp32 {peaks['decode_fp32'] / 1e9:.0f}, bf16 {peaks['decode_bf16'] / 1e9:.0f}; at update "
-          f"({upd_tokens} x ...) fp32 {peaks['update_fp32'] / 1e9:.0f}, bf16 {peaks['update_bf16'] / 1e9:.0f}")
-    gf = {p: gen_floor_s(n_params, n_mm, rows, T, peaks, p) for p in ("fp32", "bf16")}
-    uf = {p: update_floor_s(n_mm, upd_tokens, peaks, p) for p in ("fp32", "bf16")}
-    mem_floor = memory_floor_gb(n_params, upd_tokens, V)
-    print(f"generation floor fp32 {gf['fp32']:.2f} s, bf16 {gf['bf16']:.2f} s; update floor fp32 {uf['fp32']:.2f} s, "
-          f"bf16 {uf['bf16']:.2f} s; memory floor (16 B/param + fp32 logits) {mem_floor:.2f} GB")
-    print("\n| setting | side | precision | steps s | step s | gen s | update s | peak RSS GB | upd MFU | "
-          "gen / floor | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|")
-    results = {}
+          f"response tokens, no KL", flush=True)
+    results, order = {}, []
     for setting in args.settings:
         trl_bf16, trl_gc, over = SETTINGS[setting]
         for side in ("trl", "reinforge"):  # one after the other, never together (memory)
+            remeasure()
             load = os.getloadavg()[0]
             r = summary(run_side(side, model, train, T, 0, args.steps + 1, args.threads, args.attn, spec["prompts"],
                                  spec["n"], trl_bf16, trl_gc, [*over, *args.override]))
-            results[setting, side] = r
             if side == "trl":
-                upd_prec = gen_prec = "bf16" if trl_bf16 else "fp32"
-                label = f"{upd_prec}{' + ckpt' if trl_gc else ''}"
+                r["upd_prec"] = r["gen_prec"] = "bf16" if trl_bf16 else "fp32"
+                r["label"] = f"{r['upd_prec']}{' + ckpt' if trl_gc else ''}"
             else:
                 d = r["derived"]
-                upd_prec = "bf16" if "model.autocast=bf16" in over or d.get("autocast") == "bf16" else "fp32"
-                gen_prec = "bf16" if d.get("rollout_dtype") == "bfloat16" else "fp32"
-                label = f"{upd_prec}, decode {gen_prec}{' + ckpt' if d.get('gradient_checkpointing') == 'True' else ''}"
-            tokens = r["all_tokens"] or upd_tokens  # real prompt + response tokens (TRL: its rows are ours)
-            mfu = 6 * n_mm * tokens / max(r["update"], 1e-9) / peaks[f"update_{upd_prec}"]
-            print(f"| {setting} | {side} | {label} | {' '.join(fmt(x) for x in r['steps'])} | {fmt(r['step'])} | "
-                  f"{fmt(r['gen'])} | {fmt(r['update'])} | {r['peak_rss_gb']:.2f} | {mfu:.2f} | "
-                  f"{r['gen'] / gf[gen_prec]:.1f}x | {load:.1f} |", flush=True)
-            corr = {k: v for k, v in r.items() if k.startswith("rollout_corr/")}
-            if corr:
-                print("|  |  | " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(corr.items())) + " | | | | | | | | |")
+                r["upd_prec"] = "bf16" if d.get("autocast") == "bf16" else "fp32"
+                r["gen_prec"] = "bf16" if d.get("rollout_dtype") == "bfloat16" else "fp32"
+                r["label"] = f"{r['upd_prec']}, decode {r['gen_prec']}"
+            r["load"] = load
+            results[setting, side] = r
+            order.append((setting, side))
+            print(f"  done: {setting} {side} {r['label']}: steps {' '.join(fmt(x) for x in r['steps'])} s, "
+                  f"gen {fmt(r['gen'])}, update {fmt(r['update'])}, peak RSS {r['peak_rss_gb']:.2f} GB, "
+                  f"load {load:.1f}", flush=True)
+    remeasure()
+    gf = {p: gen_floor_s(n_params, n_mm, rows, T, peaks, p) for p in ("fp32", "bf16")}
+    uf = {p: update_floor_s(n_mm, upd_tokens, peaks, p) for p in ("fp32", "bf16")}
+    mem_floor = memory_floor_gb(n_params, upd_tokens, V)
+    print(f"\nfloors (best of {2 * len(args.settings) + 1} measurements, {args.threads or 'default'} threads): "
+          f"bandwidth {peaks['bandwidth'] / 1e9:.1f} GB/s; matmul GFLOP/s at decode ({rows} x {spec['hidden']} x "
+          f"{spec['inter']}) fp32 {peaks['decode_fp32'] / 1e9:.0f}, bf16 {peaks['decode_bf16'] / 1e9:.0f}; at update "
+          f"({upd_tokens} x {spec['hidden']} x {spec['inter']}) fp32 {peaks['update_fp32'] / 1e9:.0f}, "
+          f"bf16 {peaks['update_bf16'] / 1e9:.0f}")
+    print(f"generation floor fp32 {gf['fp32']:.2f} s, bf16 {gf['bf16']:.2f} s; update floor fp32 {uf['fp32']:.2f} s, "
+          f"bf16 {uf['bf16']:.2f} s; memory floor (16 B/param + the batch's fp32 logits) {mem_floor:.2f} GB")
+    print("\n| setting | side | precision | steps s | step s | gen s | update s | peak RSS GB | upd MFU | "
+          "gen / floor | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    for setting, side in order:
+        r = results[setting, side]
+        tokens = r["all_tokens"] or upd_tokens  # real prompt + response tokens (TRL's rows are the same)
+        mfu = 6 * n_mm * tokens / max(r["update"], 1e-9) / peaks[f"update_{r['upd_prec']}"]
+        print(f"| {setting} | {side} | {r['label']} | {' '.join(fmt(x) for x in r['steps'])} | {fmt(r['step'])} | "
+              f"{fmt(r['gen'])} | {fmt(r['update'])} | {r['peak_rss_gb']:.2f} | {mfu:.2f} | "
+              f"{r['gen'] / gf[r['gen_prec']]:.1f}x | {r['load']:.1f} |")
+        corr = {k: v for k, v in r.items() if k.startswith("rollout_corr/")}
+        if corr:
+            print("|  |  | " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(corr.items())) + " | | | | | | | | |")
     print("\n| setting | step time reinforge / TRL | peak RSS reinforge / TRL | reinforge RSS / memory floor |")
     print("|---|---|---|---|")
     for setting in args.settings:
