@@ -121,3 +121,11 @@ def test_plan_corrects_a_bf16_decode_with_tis(tiny_model_dir, arith_data, tmp_pa
     forced = plan("rollout.dtype=bfloat16", "rollout.tis_cap=3.0")
     assert (forced.rollout_dtype, forced.tis_cap) == ("bfloat16", 3.0)
     assert forced.record()["rollout_dtype"] == "bfloat16"
+
+
+def test_a_decode_dtype_needs_the_lean_backend(tiny_model_dir, arith_data, tmp_path):
+    from reinforge.config.load import ConfigError
+
+    over = rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **{"rollout.dtype": "bfloat16", "rollout.backend": "hf"})
+    with pytest.raises(ConfigError, match="rollout.dtype=bfloat16 is the lean backend's"):
+        plan_rl(load_config(RLConfig, "grpo", over))

@@ -191,6 +191,8 @@ def validate(cfg: RLConfig) -> RLConfig:
     check_name(a.kl_ctrl, kl.KL_CONTROLLERS, "algorithm.kl_ctrl")
     check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
     check_choice(r.dtype, ("auto", "model", "bfloat16", "float16"), "rollout.dtype")
+    need(r.dtype in ("auto", "model") or r.backend == "lean",
+         f"rollout.dtype={r.dtype} is the lean backend's (got rollout.backend={r.backend}); set rollout.dtype=model")
     if r.staleness > 0:  # the producer thread runs on a copy of the local actor
         need(cfg.trainer.backend == "local", f"rollout.staleness={r.staleness} runs with trainer.backend=local only; "
                                              f"with trainer.backend=ray set rollout.staleness=0")
