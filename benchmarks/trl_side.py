@@ -9,7 +9,7 @@ and the optimizer step, plus TRL's own bookkeeping.
 Settings match reinforge's side: one generation of prompts x num_generations completions per
 optimizer step (per-device batch = the whole generation, no accumulation, one iteration, so
 TRL skips its old-log-prob pass as reinforge does), fp32 or TRL's default bf16 (`--bf16 1`),
-the attention kernel given (`--attn`), sampling at temperature 1 from the full softmax (top_k=0, top_p=1) and EOS suppressed with
+gradient checkpointing on or off (`--gc`; TRL's default is on), the attention kernel given (`--attn`), sampling at temperature 1 from the full softmax (top_k=0, top_p=1) and EOS suppressed with
 `min_new_tokens = max_completion_length`, so every completion is exactly that long.
 """
 from __future__ import annotations
@@ -58,6 +58,7 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-5)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--bf16", type=int, default=0)
+    ap.add_argument("--gc", type=int, default=0, help="gradient checkpointing (TRL's default: on)")
     ap.add_argument("--attn", default="sdpa")
     args = ap.parse_args()
 
@@ -73,6 +74,7 @@ def main() -> None:
         gradient_accumulation_steps=1, num_generations=args.n, max_completion_length=args.max_tokens,
         num_iterations=1, beta=args.beta, learning_rate=args.lr, max_steps=args.steps, temperature=1.0,
         top_k=0, top_p=1.0, generation_kwargs={"min_new_tokens": args.max_tokens}, bf16=bool(args.bf16), use_cpu=True,
+        gradient_checkpointing=bool(args.gc),
         model_init_kwargs={"attn_implementation": args.attn},
         report_to="none", save_strategy="no", logging_steps=1, disable_tqdm=True, seed=args.seed,
         dataloader_num_workers=0)

@@ -84,6 +84,20 @@ class _FusedLogProb(torch.autograd.Function):
 
 
 FUSED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk: 16 MiB in fp32 (131 tokens at V = 32000)
+FUSED_CHUNK_BUDGET = 256 << 20  # bytes of the (chunk, V) fp32 buffers a chunk keeps alive at once (~3)
+MIN_EFFICIENT_ROWS = 128  # below this many rows the (rows, H) @ (H, V) matmul is bound by reading the head
+
+
+def auto_chunk_rows(vocab: int, budget_bytes: int = FUSED_CHUNK_BUDGET) -> int:
+    """Tokens per fused chunk for a vocabulary of `vocab` ids: as many as ~3 fp32 (rows, V) buffers
+    fit in `budget_bytes`, and never fewer than FUSED_CHUNK_ELEMENTS // V. Every chunk reads the
+    whole (V, H) head three times (forward, recomputed logits, grad of hidden) and adds into the
+    (V, H) head gradient once, so at V = 152k the former 27-row chunks spent their time streaming
+    the 0.5 GB head through memory; 256 MiB gives 147 rows there (a matmul of near-peak shape)
+    and changes nothing for small vocabularies, whose chunks already held all tokens (V = 99:
+    42k rows)."""
+    return max(1, FUSED_CHUNK_ELEMENTS // vocab, budget_bytes // (3 * 4 * vocab))
+
 
 
 def fused_logprobs_from_hidden(
@@ -103,8 +117,8 @@ def fused_logprobs_from_hidden(
     hidden (N, H), weight (V, H) (the LM head, no bias), labels (N,) int64 in [0, V).
     -> (logp (N,), entropy (N,) or None). Gradients flow to hidden and weight, through the
     entropy too when it is returned. Output dtype: fp32 for half/bf16 inputs.
-    ``chunk_size`` tokens per chunk; None (or <= 0) sizes chunks to FUSED_CHUNK_ELEMENTS logits, so the
-    transient (chunk, V) buffers stay a few tens of MB whatever the vocabulary.
+    ``chunk_size`` tokens per chunk; None (or <= 0): ``auto_chunk_rows`` (the vocabulary and a
+    256 MiB budget for the transient (chunk, V) buffers).
     ``top_k`` / ``top_p``: the rollout's sampling filter (``logprobs.sampling_filter_``).
     ``logit_scale`` / ``logit_softcap``: the model's own transform of its head's output
     (``logit_cap.cap_logits``; models/checks.logit_transform reads it from the config); 1 / 0: none.
@@ -112,7 +126,7 @@ def fused_logprobs_from_hidden(
     if hidden.dim() != 2 or weight.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError("expected hidden (N, H), weight (V, H), labels (N,)")
     if chunk_size is None or chunk_size <= 0:
-        chunk_size = max(1, FUSED_CHUNK_ELEMENTS // weight.shape[0])
+        chunk_size = auto_chunk_rows(weight.shape[0])
     if return_entropy:
         logp, ent = _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, True,
                                         int(top_k), float(top_p), float(logit_scale), float(logit_softcap))

@@ -25,14 +25,17 @@ class ModelConfig:
     """Allow model code shipped inside the model folder to run (off unless you trust it)."""
     attn_implementation: str = "sdpa"
     """Attention kernel passed to transformers: sdpa or eager."""
-    autocast: str = "none"
-    """none, or bf16: the RL actor's and reference's log-prob forwards (and the actor's backward)
-    run their decoder matmuls in bfloat16 under torch.autocast; weights, optimizer, the LM head
-    on the fused path, log-softmax and losses stay fp32."""
+    autocast: str = "auto"
+    """none, bf16 or auto: under bf16 the RL actor's and reference's log-prob forwards (and the
+    actor's backward) run their decoder matmuls in bfloat16 under torch.autocast; weights,
+    optimizer, the LM head on the fused path, log-softmax and losses stay fp32. auto (RL runs):
+    bf16 for a model of >= 100M parameters on a device with native bf16 matmuls (a CPU with
+    avx512_bf16 / amx_bf16, a bf16 GPU), else none (models/shape_defaults.py)."""
     fused_logprobs: bool = True
     """Compute log-probs from hidden states in token chunks so full (N, V) logits never exist."""
     logprob_chunk_size: int = 0
-    """Tokens per chunk for the fused log-prob path; 0 sizes chunks by a 16 MiB logits budget."""
+    """Tokens per chunk for the fused log-prob path; 0: sized by the vocabulary and a 256 MiB budget
+    (algos/fused_logprobs.auto_chunk_rows)."""
     use_packing: bool = False
     """Remove padding: pack sequences into shared rows (positions restart per sequence,
     attention block-diagonal) for the actor, reference and critic forward passes."""
@@ -90,6 +93,11 @@ class RolloutConfig:
     """Longest response in tokens; responses are right-padded to this length."""
     micro_batch_size: int = 256
     """Sequences per generate() call."""
+    dtype: str = "auto"
+    """Precision the lean backend decodes in: model (the training weights as they are), bfloat16
+    (a bf16 copy of the weights for each generation; the train-inference gap is corrected by
+    truncated importance sampling, tis_cap, and logged as rollout_corr/*), or auto: bfloat16
+    for an fp32 model of >= 100M parameters on a device with native bf16 matmuls, else model."""
     val_n: int = 4
     """Samples per validation prompt for sampled mean@n and pass@k (trainer.val_sampled says when)."""
     val_temperature: float = 1.0

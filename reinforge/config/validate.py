@@ -55,7 +55,7 @@ def check_model_and_run(model, run) -> None:
     """The model and run sections every trainer shares: names checked here, not when the model
     loads or the first metric is logged."""
     check_choice(model.dtype, MODEL_DTYPES, "model.dtype")
-    check_choice(model.autocast, ("none", "bf16"), "model.autocast")
+    check_choice(model.autocast, ("none", "bf16", "auto"), "model.autocast")
     check_choice(model.attn_implementation, ATTN_IMPLEMENTATIONS, "model.attn_implementation")
     need(model.lora_rank == 0 or bool(model.lora_target_modules),
          "model.lora_target_modules is empty: name the modules that get adapters, or [all-linear]")
@@ -190,6 +190,9 @@ def validate(cfg: RLConfig) -> RLConfig:
                              f"sampled tokens' only: use k1, k2, k3, abs, k1+ or k3+")
     check_name(a.kl_ctrl, kl.KL_CONTROLLERS, "algorithm.kl_ctrl")
     check_name(cfg.trainer.backend, ("local", "ray"), "trainer.backend")
+    check_choice(r.dtype, ("auto", "model", "bfloat16", "float16"), "rollout.dtype")
+    need(r.dtype in ("auto", "model") or r.backend == "lean",
+         f"rollout.dtype={r.dtype} is the lean backend's (got rollout.backend={r.backend}); set rollout.dtype=model")
     if r.staleness > 0:  # the producer thread runs on a copy of the local actor
         need(cfg.trainer.backend == "local", f"rollout.staleness={r.staleness} runs with trainer.backend=local only; "
                                              f"with trainer.backend=ray set rollout.staleness=0")

@@ -64,7 +64,8 @@ class RunPlan:
     dropout) and nothing reads old log-probs before it: the old-log-prob pass is skipped."""
     tis_cap: Optional[float]
     """Truncated importance sampling's cap (rollout.tis_cap) when the samples come from another
-    engine or older weights (rollout.backend=vllm, rollout.staleness > 0); None otherwise."""
+    engine, precision or older weights (rollout.backend=vllm, rollout.dtype other than the
+    weights', rollout.staleness > 0); None otherwise."""
     rollout_backend: str
     """The generation backend: lean, hf or vllm (rollout.backend)."""
     loss_norm_const: float
@@ -77,10 +78,14 @@ class RunPlan:
     """(dotted key, spec, forced style or None) of each reward.functions entry (`judge` among them)."""
     rows: dict = field(default_factory=dict)
     """Datasets handed over in Python, by the `python:` names the data keys hold."""
+    autocast: str = "none"
+    """model.autocast with `auto` resolved (models/shape_defaults.py); cfg.model holds it too."""
+    rollout_dtype: str = "model"
+    """rollout.dtype with `auto` resolved; cfg.rollout holds it too."""
 
     RECORDED = ("batch_size", "actor_mini_batch_size", "actor_micro_batch_size", "critic_enabled",
                 "critic_mini_batch_size", "critic_micro_batch_size", "reference_enabled", "teacher_enabled",
-                "loss_norm_const", "device", "on_policy", "tis_cap", "rollout_backend")
+                "loss_norm_const", "device", "on_policy", "tis_cap", "rollout_backend", "autocast", "rollout_dtype")
 
     def record(self) -> dict:
         """The derived values written under `derived:` in config.yaml."""
@@ -144,6 +149,19 @@ def resolve(cfg: RLConfig, rows: dict | None = None) -> RunPlan:
     return plan
 
 
+def resolve_shape_defaults(cfg: RLConfig, device: str) -> RLConfig:
+    """`cfg` with model.autocast and rollout.dtype `auto` resolved by the model's size (from its
+    config.json) and the device (models/shape_defaults.py): off below 100M parameters."""
+    from reinforge.models.shape_defaults import config_params, resolve_autocast, resolve_rollout_dtype
+
+    m, r = cfg.model, cfg.rollout
+    if "auto" not in (m.autocast, r.dtype):
+        return cfg
+    n = config_params(m.path)
+    return replace(cfg, model=replace(m, autocast=resolve_autocast(m.autocast, n, device)),
+                   rollout=replace(r, dtype=resolve_rollout_dtype(r.dtype, n, device, r.backend, m.dtype)))
+
+
 def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = None) -> RunPlan:
     """The rules of `cfg` (whose model paths are folders) and the plan derived from it, on a
     copy; of the files it names it reads only the model's config.json (`reinforge config`)."""
@@ -157,6 +175,8 @@ def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = N
     cfg = copy.deepcopy(cfg)
     cfg = replace(cfg, reward=replace(cfg.reward, functions=normalize_reward_functions(cfg.reward.functions,
                                                                                         "reward.functions")))
+    cfg = resolve_shape_defaults(cfg, device)
+    r = cfg.rollout
     preflight.check_reward_names(cfg.reward, cfg.algorithm, r.max_response_length)
     batch = cfg.data.train_batch_size * r.n
     mini, micro = check_batch_sizes(batch, act.mini_batch_size, act.micro_batch_size, "actor")
@@ -175,7 +195,9 @@ def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = N
         cfg=cfg, device=device, batch_size=batch, actor_mini_batch_size=mini, actor_micro_batch_size=micro,
         critic_mini_batch_size=c_mini, critic_micro_batch_size=c_micro, critic_enabled=critic,
         reference_enabled=bool(act.use_kl_loss or a.use_kl_in_reward), teacher_enabled=teacher,
-        on_policy=on_policy, tis_cap=r.tis_cap if r.backend == "vllm" or r.staleness > 0 else None,
+        on_policy=on_policy,
+        tis_cap=r.tis_cap if r.backend == "vllm" or r.staleness > 0 or r.dtype != "model" else None,
+        autocast=cfg.model.autocast, rollout_dtype=r.dtype,
         rollout_backend=r.backend, loss_norm_const=act.loss_norm_const or r.max_response_length,
         hub_ids=dict(hub_ids or {}), model_folders=_rl_model_folders(cfg, critic, teacher),
         reward_functions=tuple((f"reward.functions[{i}].name", f["name"], f.get("style"))

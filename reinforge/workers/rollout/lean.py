@@ -9,7 +9,13 @@ parameters, LoRA layers included, are used: nothing to copy or sync), with:
 - prefix sharing: each prompt is prefilled once and its cache repeated for its n samples;
 - sampling on tensors: temperature, `sampling_filter_` (top-k, top-p) and one multinomial
   draw; the log-prob of the drawn token comes from the same log-softmax (`rollout_log_probs`);
-- finished rows dropped from the batch (cache, mask and positions compacted).
+- finished rows dropped from the batch (cache, mask and positions compacted);
+- `rollout.dtype=bfloat16` (the plan's `auto` for large fp32 models on bf16-native devices):
+  decoding from a bf16 copy of the weights, made for each generation (decode_weights.py);
+- for large vocabularies (>= LARGE_VOCAB ids), sampling by the inverse CDF of one uniform
+  draw per row (`sample_inverse_cdf`) instead of torch.multinomial, whose exponential-race
+  kernel draws V random numbers per row (~10x the cost at V = 152k); same distribution,
+  another random stream, so smaller vocabularies keep multinomial's samples bit for bit.
 Qwen2 / Qwen3 / Llama configs with full attention only (their decoder layers share one call
 signature); other architectures fall back to HFRollout's generate(). Same Batch as HFRollout.
 
@@ -26,9 +32,23 @@ import torch
 from reinforge.algos.logprobs import sampling_log_probs
 from reinforge.models.forward import unwrap_peft
 from reinforge.workers.rollout.base import RolloutCapabilities
+from reinforge.workers.rollout.decode_weights import DTYPES, cast_weights
 from reinforge.workers.rollout.hf import HFRollout
 
 SUPPORTED = ("qwen2", "qwen3", "llama")
+LARGE_VOCAB = 1 << 16
+"""Vocabularies from which sampling uses `sample_inverse_cdf` (the demo's has 99 ids)."""
+
+
+def sample_inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+    """One token per row of probs (b, V) (unnormalised, >= 0): the first index whose cumulative
+    mass reaches u x total, u uniform in (0, 1]. A zero-probability token is never drawn (its
+    cumulative mass equals its predecessor's, which is reached first; u > 0 keeps index 0 out
+    when it has no mass). -> (b,) int64."""
+    cdf = probs.float().cumsum(-1)  # (b, V)
+    u = 1.0 - torch.rand(probs.shape[0], 1, generator=generator, device=probs.device)  # (0, 1]
+    tok = torch.searchsorted(cdf, u * cdf[:, -1:])[:, 0]
+    return tok.clamp_(max=probs.shape[-1] - 1)
 
 
 def lean_supported(model) -> bool:
@@ -83,10 +103,23 @@ class LeanRollout(HFRollout):
     asynchronous producer's copy draws from its own (trainers/async_rollout.py), which no other
     thread moves or restores; so only a model this loop drives can run in the producer."""
 
-    def __init__(self, model, tokenizer, **kw):
+    def __init__(self, model, tokenizer, *, dtype: str = "model", **kw):
+        """dtype: `model` decodes with the weights as they are; `bfloat16` / `float16` from a
+        copy in that dtype, made for each generation (the plan resolves rollout.dtype=auto)."""
         super().__init__(model, tokenizer, **kw)
         self.lean = lean_supported(model)
         self.capabilities = RolloutCapabilities(async_ok=self.lean)
+        if dtype not in ("model", *DTYPES):
+            raise ValueError(f"rollout.dtype={dtype!r} is not known; valid: {['model', *DTYPES]} (or auto in a config)")
+        self.decode_dtype = DTYPES.get(dtype)
+
+    @classmethod
+    def from_config(cls, model, tokenizer, r, *, max_prompt_length: int):
+        """The registry's build: HFRollout's keywords plus rollout.dtype (`auto` unresolved: model)."""
+        dtype = getattr(r, "dtype", "model")
+        return cls(model, tokenizer, max_prompt_length=max_prompt_length, max_response_length=r.max_response_length,
+                   micro_batch_size=r.micro_batch_size, top_p=r.top_p, top_k=r.top_k, ignore_eos=r.ignore_eos,
+                   dtype="model" if dtype == "auto" else dtype)
 
     def _parts(self):
         """(inner HF causal LM, its backbone) looking through a PEFT wrapper."""
@@ -113,15 +146,22 @@ class LeanRollout(HFRollout):
             tok = logits.argmax(-1)
             return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
         logp = sampling_log_probs(logits, temperature, top_k, top_p)
-        tok = torch.multinomial(logp.exp(), 1, generator=self.generator)[:, 0]
+        if logits.shape[-1] >= LARGE_VOCAB:
+            tok = sample_inverse_cdf(logp.exp(), self.generator)
+        else:
+            tok = torch.multinomial(logp.exp(), 1, generator=self.generator)[:, 0]
         return tok, logp.gather(-1, tok[:, None])[:, 0]
 
     @torch.no_grad()
     def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, greedy: bool,
                       sampling: tuple[float, int, float], T: int | None = None,
                       stop=None) -> tuple[torch.Tensor, torch.Tensor]:
-        if not self.lean:
-            return super()._generate_ids(prompt_ids, prompt_mask, n, greedy, sampling, T)
+        with cast_weights(self.model, self.decode_dtype):
+            if not self.lean:
+                return super()._generate_ids(prompt_ids, prompt_mask, n, greedy, sampling, T)
+            return self._lean_ids(prompt_ids, prompt_mask, n, greedy, sampling, T, stop)
+
+    def _lean_ids(self, prompt_ids, prompt_mask, n, greedy, sampling, T, stop):
         inner, backbone = self._parts()
         head, was_training = inner.get_output_embeddings(), self.model.training
         device, dtype = backbone.embed_tokens.weight.device, backbone.embed_tokens.weight.dtype

@@ -1,0 +1,41 @@
+"""Decoding from a lower-precision copy of the weights (`rollout.dtype=bfloat16`).
+
+A decode step reads every weight once for a handful of rows: on a CPU it is bound by the
+weight bytes and by skinny fp32 matmuls, both of which bf16 halves or better. `cast_weights`
+swaps each floating parameter's storage for a copy in `dtype` for the duration of a
+generation and puts the fp32 storage back afterwards: the model's own modules (LoRA layers,
+tied embeddings: one copy per distinct parameter) decode in bf16, nothing outlives the call,
+and the training weights are never modified. Buffers (RoPE's inverse frequencies) stay as
+they are. The copy costs one cast of the weights per generation (~N x 6 bytes of traffic) and
+N x 2 bytes while it lives, at a time when the gradients are freed, so it does not raise the
+step's peak.
+"""
+from __future__ import annotations
+
+from contextlib import contextmanager
+
+import torch
+
+DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+@contextmanager
+def cast_weights(model, dtype: torch.dtype | None):
+    """Within the block, every floating parameter of `model` of another dtype is a `dtype` copy
+    (None: nothing changes). Restored on exit, exceptions included."""
+    if dtype is None:
+        yield model
+        return
+    saved, seen = [], set()
+    for p in model.parameters():
+        if id(p) in seen or not p.is_floating_point() or p.dtype == dtype:
+            continue
+        seen.add(id(p))
+        saved.append((p, p.data))
+    try:
+        for p, data in saved:
+            p.data = data.to(dtype)
+        yield model
+    finally:
+        for p, data in saved:
+            p.data = data
