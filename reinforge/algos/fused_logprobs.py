@@ -6,7 +6,11 @@ biggest tensor of the whole step. This autograd Function never builds it: forwar
 each chunk's logits, turns them into d loss / d logits in place (see ``logprobs``) and
 immediately contracts them into the gradients of hidden (N, H) and weight (V, H).
 Extra memory: a couple of (chunk_size, V) buffers, plus, when weight is half precision, fp32
-copies of weight and of its gradient during backward. top_k / top_p filter each chunk's logits
+copies of weight and of its gradient during backward. ``matmul_dtype=torch.bfloat16`` with an
+fp32 head (the update under bf16 autocast, large vocabularies only: see ``bf16_head``) runs the
+head's four matmuls in bf16 from a bf16 copy of weight made once per pass (V x H x 2 bytes);
+log-softmax and entropy in fp32, the head's gradient summed over chunks in bf16 (one rounding per
+chunk) and returned in weight's dtype. top_k / top_p filter each chunk's logits
 as ``logprobs.sampling_filter_`` does (the distribution the rollout sampled from).
 """
 
@@ -29,15 +33,16 @@ def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, acc
 class _FusedLogProb(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, labels, temperature, chunk_size, with_entropy, top_k=0, top_p=1.0,
-                scale=1.0, softcap=0.0):
+                scale=1.0, softcap=0.0, matmul_dtype=None):
         acc = _acc_dtype(hidden.dtype)
+        hm, wm = _matmul_operands(hidden, weight, matmul_dtype)
         N = hidden.shape[0]
         lse = torch.empty(N, dtype=acc, device=hidden.device)
         logp = torch.empty_like(lse)
         ent = torch.empty_like(lse) if with_entropy else None
         for s in range(0, N, chunk_size):
             sl = slice(s, min(s + chunk_size, N))
-            z = _chunk_logits(hidden[sl], weight, temperature, acc, scale, softcap)  # (n, V)
+            z = _chunk_logits(hm[sl], wm, temperature, acc, scale, softcap)  # (n, V)
             sampling_filter_(z, top_k, top_p, labels[sl])
             lse[sl], logp[sl], e = _chunk_forward(z, labels[sl], with_entropy)
             if with_entropy:
@@ -45,7 +50,8 @@ class _FusedLogProb(torch.autograd.Function):
             del z
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
         ctx.temperature, ctx.chunk_size, ctx.top_k, ctx.top_p = temperature, chunk_size, top_k, top_p
-        ctx.scale, ctx.softcap = scale, softcap
+        ctx.scale, ctx.softcap, ctx.matmul_dtype = scale, softcap, matmul_dtype
+        del hm, wm  # the backward recasts: cheaper than holding a V x H copy between the passes
         return (logp, ent) if with_entropy else logp
 
     @staticmethod
@@ -55,14 +61,20 @@ class _FusedLogProb(torch.autograd.Function):
         acc = _acc_dtype(hidden.dtype)
         need_h, need_w = ctx.needs_input_grad[0], ctx.needs_input_grad[1]
         grad_h = torch.empty_like(hidden) if need_h else None
-        grad_w = torch.zeros(weight.shape, dtype=acc, device=weight.device) if need_w else None
+        md = ctx.matmul_dtype
+        # under `md` the head's gradient accumulates over chunks in `md` inside addmm_ (fp32 sums within
+        # each chunk, one rounding per chunk): an fp32 accumulator cost a cast and an add of the
+        # (V, H) product per chunk, more than the matmul itself at V = 152k
+        grad_w = torch.zeros(weight.shape, dtype=md or acc, device=weight.device) if need_w else None
         g_logp = g_logp.to(acc)
         g_ent = None if g_ent is None else g_ent.to(acc)
-        w_acc = weight.to(acc) if need_h else None  # once: a bf16 head would be copied per chunk
+        hm, wm = _matmul_operands(hidden, weight, md)
+        # the gradients' matmuls: in `md` when given, else in fp32 (a bf16 head copied up once, not per chunk)
+        w_acc = (wm if md is not None else weight.to(acc)) if need_h else None
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, min(s + chunk, hidden.shape[0]))
-            h = hidden[sl]
-            z = _chunk_logits(h, weight, T, acc, ctx.scale, ctx.softcap)  # recompute (n, V)
+            h = hm[sl]
+            z = _chunk_logits(h, wm, T, acc, ctx.scale, ctx.softcap)  # recompute (n, V)
             # the transform's slope, read before the filter and the gradient overwrite z
             slope = cap_slope(z, T, ctx.scale, ctx.softcap) if ctx.softcap > 0 or ctx.scale != 1.0 else None
             removed = sampling_filter_(z, ctx.top_k, ctx.top_p, labels[sl])
@@ -73,14 +85,35 @@ class _FusedLogProb(torch.autograd.Function):
                 dz.masked_fill_(removed, 0.0)
             if slope is not None:  # through the logit transform, to hidden @ weight.T
                 dz.mul_(slope)
+            if md is not None:  # the gradient of the logits rounded to `md` for its two matmuls
+                dz = dz.to(md)
             if need_h:
                 grad_h[sl] = (dz @ w_acc).to(hidden.dtype)
             if need_w:
-                grad_w.addmm_(dz.T, h.to(acc))
+                grad_w.addmm_(dz.T, h if md is not None else h.to(acc))
             del z, dz
         if need_w:
             grad_w = grad_w.to(weight.dtype)
-        return grad_h, grad_w, None, None, None, None, None, None, None, None
+        return grad_h, grad_w, None, None, None, None, None, None, None, None, None
+
+
+def _matmul_operands(hidden, weight, matmul_dtype):
+    """(hidden, weight) as the head's matmuls read them: unchanged, or cast to `matmul_dtype`."""
+    if matmul_dtype is None:
+        return hidden, weight
+    return hidden.to(matmul_dtype), weight.to(matmul_dtype)
+
+
+BF16_HEAD_MIN_VOCAB = 1 << 16  # the vocabulary from which the head joins bf16 autocast (lean.LARGE_VOCAB)
+
+
+def bf16_head(vocab: int, weight_dtype: torch.dtype, device_type: str) -> bool:
+    """Whether the fused head runs its matmuls in bf16: under bf16 autocast, with an fp32 head of
+    >= BF16_HEAD_MIN_VOCAB ids. At V = 151,936 the fp32 head was a third of the update's time (its
+    four (tokens, H) x (H, V) passes at fp32 speed); smaller vocabularies keep the fp32 head, so
+    the tiny models' numerics under autocast do not change."""
+    return (vocab >= BF16_HEAD_MIN_VOCAB and weight_dtype == torch.float32
+            and torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16)
 
 
 FUSED_CHUNK_ELEMENTS = 1 << 22  # logits per chunk: 16 MiB in fp32 (131 tokens at V = 32000)
@@ -111,6 +144,7 @@ def fused_logprobs_from_hidden(
     top_p: float = 1.0,
     logit_scale: float = 1.0,
     logit_softcap: float = 0.0,
+    matmul_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of ``labels`` under softmax(cap(hidden @ weight.T) / T), chunked over tokens.
 
@@ -122,6 +156,9 @@ def fused_logprobs_from_hidden(
     ``top_k`` / ``top_p``: the rollout's sampling filter (``logprobs.sampling_filter_``).
     ``logit_scale`` / ``logit_softcap``: the model's own transform of its head's output
     (``logit_cap.cap_logits``; models/checks.logit_transform reads it from the config); 1 / 0: none.
+    ``matmul_dtype``: None (the inputs' dtype) or torch.bfloat16: the head's matmuls in bf16, the
+    logits rounded to bf16 before the fp32 log-softmax (|d logp| <~ 2^-8 |logit|), the gradients
+    to bf16 before their matmuls; grad of weight summed over chunks in bf16, returned in weight's dtype.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or labels.shape != hidden.shape[:1]:
         raise ValueError("expected hidden (N, H), weight (V, H), labels (N,)")
@@ -129,7 +166,7 @@ def fused_logprobs_from_hidden(
         chunk_size = auto_chunk_rows(weight.shape[0])
     if return_entropy:
         logp, ent = _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, True,
-                                        int(top_k), float(top_p), float(logit_scale), float(logit_softcap))
+                                        int(top_k), float(top_p), float(logit_scale), float(logit_softcap), matmul_dtype)
         return logp, ent
     return _FusedLogProb.apply(hidden, weight, labels, float(temperature), chunk_size, False,
-                               int(top_k), float(top_p), float(logit_scale), float(logit_softcap)), None
+                               int(top_k), float(top_p), float(logit_scale), float(logit_softcap), matmul_dtype), None

@@ -60,15 +60,18 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
 
     def run(**fwd):
         if use_fused:
-            from reinforge.algos.fused_logprobs import fused_logprobs_from_hidden
+            from reinforge.algos.fused_logprobs import bf16_head, fused_logprobs_from_hidden
 
             h = select(backbone(**fwd, use_cache=False).last_hidden_state)  # (M, H)
-            # Under bf16 autocast the head stays fp32 (h comes out bf16: cast it up); with bf16
+            # Under bf16 autocast the head stays fp32 (h comes out bf16: cast it up), except for
+            # large vocabularies (fused_logprobs.bf16_head: bf16 matmuls, fp32 softmax); with bf16
             # weights (model.dtype) h meets the head in bf16 and the chunks accumulate in fp32.
+            md = torch.bfloat16 if bf16_head(head.weight.shape[0], head.weight.dtype, h.device.type) else None
             with torch.autocast(h.device.type, enabled=False):
                 return fused_logprobs_from_hidden(h.to(head.weight.dtype), head.weight, labels, temperature=temperature,
                                                   chunk_size=chunk_size, return_entropy=with_entropy,
-                                                  top_k=top_k, top_p=top_p, logit_scale=scale, logit_softcap=softcap)
+                                                  top_k=top_k, top_p=top_p, logit_scale=scale, logit_softcap=softcap,
+                                                  matmul_dtype=md)
         logits = select(model(**fwd, use_cache=False).logits)  # (M, V)
         if with_entropy:  # one custom backward for both: one (M, V) gradient, not two
             return logprobs_and_entropy_from_logits(logits, labels, temperature, chunk_size or None, top_k, top_p)

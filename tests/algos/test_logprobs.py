@@ -99,3 +99,36 @@ def test_fused_gradcheck(gen):
     assert torch.autograd.gradcheck(
         lambda a, b: fused_logprobs_from_hidden(a, b, y, 0.9, 3, return_entropy=True), (h, w)
     )
+
+
+def test_fused_bf16_matmuls_close_to_fp32(gen):
+    """matmul_dtype=bf16 (the large-vocabulary head under bf16 autocast): log-probs and entropies
+    within bf16 rounding of the logits (2^-7 x the largest |logit|), gradients within 2% of their
+    norm, grad of the weight in fp32."""
+    N, H, V = 24, 64, 1 << 16
+    h = (torch.randn(N, H, generator=gen) * 0.5).requires_grad_()
+    w = (torch.randn(V, H, generator=gen) * 0.5).requires_grad_()
+    y = torch.randint(0, V, (N,), generator=gen)
+    g_lp, g_ent = torch.randn(N, generator=gen), torch.randn(N, generator=gen)
+    res = {}
+    for md in (None, torch.bfloat16):
+        lp, ent = fused_logprobs_from_hidden(h, w, y, temperature=0.9, chunk_size=7, return_entropy=True,
+                                             matmul_dtype=md)
+        res[md] = (lp, ent, *torch.autograd.grad((lp * g_lp + ent * g_ent).sum(), (h, w)))
+    bound = 2.0 ** -7 * (h @ w.T).abs().max().item() / 0.9
+    (lp32, ent32, gh32, gw32), (lp16, ent16, gh16, gw16) = res[None], res[torch.bfloat16]
+    assert lp16.dtype == ent16.dtype == gw16.dtype == torch.float32
+    assert (lp16 - lp32).abs().max() < bound and (ent16 - ent32).abs().max() < bound
+    for a, b in ((gh16, gh32), (gw16, gw32)):
+        assert (a - b).norm() < 0.02 * b.norm()
+
+
+def test_bf16_head_gate():
+    """The bf16 head switches on only under bf16 autocast, for an fp32 head of >= 65,536 ids."""
+    from reinforge.algos.fused_logprobs import bf16_head
+
+    assert not bf16_head(151936, torch.float32, "cpu")  # no autocast
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert bf16_head(151936, torch.float32, "cpu")
+        assert not bf16_head(32000, torch.float32, "cpu") and not bf16_head(99, torch.float32, "cpu")
+        assert not bf16_head(151936, torch.bfloat16, "cpu")
