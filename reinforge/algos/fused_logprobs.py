@@ -109,9 +109,9 @@ BF16_HEAD_MIN_VOCAB = 1 << 16  # the vocabulary from which the head joins bf16 a
 
 def bf16_head(vocab: int, weight_dtype: torch.dtype, device_type: str) -> bool:
     """Whether the fused head runs its matmuls in bf16: under bf16 autocast, with an fp32 head of
-    >= BF16_HEAD_MIN_VOCAB ids. At V = 151,936 the fp32 head was a third of the update's time (its
-    four (tokens, H) x (H, V) passes at fp32 speed); smaller vocabularies keep the fp32 head, so
-    the tiny models' numerics under autocast do not change."""
+    >= BF16_HEAD_MIN_VOCAB ids. At V = 151,936 the fp32 head's four (tokens, H) x (H, V) passes were
+    58% of a 6-layer Qwen2.5-0.5B-shaped update (docs/performance.md); smaller vocabularies keep
+    the fp32 head, so the tiny models' numerics under autocast do not change."""
     return (vocab >= BF16_HEAD_MIN_VOCAB and weight_dtype == torch.float32
             and torch.is_autocast_enabled(device_type) and torch.get_autocast_dtype(device_type) == torch.bfloat16)
 
@@ -157,7 +157,7 @@ def fused_logprobs_from_hidden(
     ``logit_scale`` / ``logit_softcap``: the model's own transform of its head's output
     (``logit_cap.cap_logits``; models/checks.logit_transform reads it from the config); 1 / 0: none.
     ``matmul_dtype``: None (the inputs' dtype) or torch.bfloat16: the head's matmuls in bf16, the
-    logits rounded to bf16 before the fp32 log-softmax (|d logp| <~ 2^-8 |logit|), the gradients
+    logits rounded to bf16 before the fp32 log-softmax (~2^-8 |logit| each), the gradients
     to bf16 before their matmuls; grad of weight summed over chunks in bf16, returned in weight's dtype.
     """
     if hidden.dim() != 2 or weight.dim() != 2 or labels.shape != hidden.shape[:1]:
