@@ -19,7 +19,8 @@ Exits 77 (skipped) when there is no CUDA device, no vllm or no ray: nothing was 
 that must not read as a pass. Exits 1 when: a metric it checks was not reported; a loss, the
 grad norm or a gap is not finite; the max gap exceeds --max-gap; the mean gap of a later step exceeds
 max(--gap-growth x step 1's, 0.02) (vLLM generating with stale weights shows up that way:
-step 1 runs before any update); |pg_loss| > 10 or kl_loss > 1.
+step 1 runs before any update); |pg_loss| > 10 or kl_loss > 1; a stage without tokens/s; MFU
+outside (0, 1] (gpu_lean_check.check_step, shared with the lean mode).
 """
 from __future__ import annotations
 
@@ -30,8 +31,12 @@ import tempfile
 import time
 from pathlib import Path
 
+# The per-step bounds and tokens/s are the lean mode's: one definition of what a healthy GRPO step
+# on a GPU looks like (this folder on the path also when the script is imported by file name).
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from gpu_lean_check import check_step, stage_rates  # noqa: E402
+
 EXIT_SKIPPED = 77  # automake's "skipped": a check that did not run is not a pass
-CHECKED = ("rollout_corr/logprob_gap_max", "rollout_corr/logprob_gap_abs_mean", "actor/pg_loss", "actor/grad_norm")
 
 
 def _gpu_memory(rank) -> dict:
@@ -65,17 +70,6 @@ def build_model(out: Path) -> int:
     del model
     torch.cuda.empty_cache()
     return n
-
-
-def stage_rates(m: dict, rows: int) -> dict[str, float]:
-    """Tokens/s per stage from a step's metrics and its batch rows (0 where the stage did not run)."""
-    tokens = m["perf/throughput"] * m["timing_s/step"]  # all tokens of the batch
-    resp = m["response_length/mean"] * rows
-    out = {"gen": resp / m["timing_s/gen"]}
-    for stage in ("old_log_prob", "ref", "update_actor"):
-        t = m.get(f"timing_s/{stage}", 0.0)
-        out[stage] = tokens / t if t > 0 else 0.0
-    return out
 
 
 def main() -> int:
@@ -125,24 +119,13 @@ def main() -> int:
         trainer.step_idx = step
         m = trainer.step()
         r = stage_rates(m, batch * n)
-        missing = [k for k in CHECKED if k not in m]
-        if missing:
-            problems.append(f"step {step}: metrics {missing} were not reported")
-        gap_max, gap_mean, pg, gn = (m.get(k, math.nan) for k in CHECKED)
-        kl = m.get("actor/kl_loss", 0.0)
+        problems += check_step(step, m, r, first_gap, args, cuda=True)
+        get = lambda k: m.get(k, math.nan)  # noqa: E731  (a missing metric is reported by check_step)
         print(f"| {step} | {r['gen']:,.0f} | {r['old_log_prob']:,.0f} | {r['ref']:,.0f} | {r['update_actor']:,.0f} | "
-              f"{m['perf/mfu']:.3f} | {gap_max:.4f} | {gap_mean:.5f} | {pg:.4g} | {kl:.4g} | {gn:.4g} | "
-              f"{m['timing_s/step']:.1f} |")
-        if not all(math.isfinite(v) for v in (gap_max, gap_mean, pg, kl, gn)):
-            problems.append(f"step {step}: a non-finite loss, grad norm or gap")
-        if gap_max > args.max_gap:
-            problems.append(f"step {step}: max |log-prob gap| {gap_max:.4f} > --max-gap {args.max_gap}")
-        first_gap = gap_mean if first_gap is None else first_gap
-        if step > 1 and gap_mean > max(args.gap_growth * first_gap, 0.02):
-            problems.append(f"step {step}: mean gap {gap_mean:.5f} grew from step 1's {first_gap:.5f} "
-                            f"(does vLLM generate with the updated weights?)")
-        if abs(pg) > 10 or kl > 1:
-            problems.append(f"step {step}: loss out of bounds (pg_loss {pg:.4g}, kl_loss {kl:.4g})")
+              f"{get('perf/mfu'):.3f} | {get('rollout_corr/logprob_gap_max'):.4f} | "
+              f"{get('rollout_corr/logprob_gap_abs_mean'):.5f} | {get('actor/pg_loss'):.4g} | "
+              f"{m.get('actor/kl_loss', 0.0):.4g} | {get('actor/grad_norm'):.4g} | {m['timing_s/step']:.1f} |")
+        first_gap = get("rollout_corr/logprob_gap_abs_mean") if first_gap is None else first_gap
     group = trainer.actor.group
     for rank, mem in enumerate(group.get([w.__ray_call__.remote(_gpu_memory) for w in group.ranks])):
         print(f"rank {rank} GPU memory (GiB): " + ", ".join(f"{k} {v:.2f}" for k, v in mem.items()))
