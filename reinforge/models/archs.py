@@ -28,14 +28,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import shutil
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
 from reinforge.models.chat_templates import TEMPLATES
-from reinforge.models.vocabs import SDIST_VERSION, cache_root, vocab_folder
+from reinforge.models.vocabs import SDIST_VERSION, cache_root, cached_folder, vocab_folder
 
 _QWEN25_ADDED = ((151646, "<|object_ref_start|>", True), (151647, "<|object_ref_end|>", True),
                  (151648, "<|box_start|>", True), (151649, "<|box_end|>", True), (151650, "<|quad_start|>", True),
@@ -157,19 +155,8 @@ def arch_tokenizer_folder(name: str) -> Path:
     first use, atomically, under the vocab cache: `<cache>/vocabs/arch-<name>-<version>-<hash>`,
     the hash covering the changes above so an edit here rebuilds it)."""
     spec = _arch(name)
-    dest = cache_root() / f"arch-{name}-{SDIST_VERSION}-{_spec_hash(spec)}"
-    if (dest / "tokenizer_config.json").is_file():
-        return dest
-    src = vocab_folder(spec.vocab)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".arch-{name}-") as tmp:
-        out = Path(tmp) / "tokenizer"
-        _write_tokenizer(spec, src, out)
-        try:
-            os.replace(out, dest)
-        except OSError:
-            if not (dest / "tokenizer_config.json").is_file():
-                raise
-    return dest
+    return cached_folder(cache_root() / f"arch-{name}-{SDIST_VERSION}-{_spec_hash(spec)}",
+                         lambda tmp, out: _write_tokenizer(spec, vocab_folder(spec.vocab), out))
 
 
 def _write_tokenizer(spec: Arch, src: Path, out: Path) -> None:

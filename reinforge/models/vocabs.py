@@ -57,18 +57,24 @@ def vocab_folder(name: str, *, quiet: bool = True) -> Path:
     """
     if name not in VOCABS:
         raise ValueError(f"unknown vocabulary {name!r}; known: {', '.join(sorted(VOCABS))}")
-    dest = cache_root() / f"{name}-{SDIST_VERSION}"
+    return cached_folder(cache_root() / f"{name}-{SDIST_VERSION}",
+                         lambda tmp, out: _convert(_extract(name, tmp, quiet=quiet), out))
+
+
+def cached_folder(dest: Path, build) -> Path:
+    """`dest`, a cached tokenizer folder, built first if absent: `build(tmp, out)` writes the
+    folder `out` using the scratch folder `tmp`, and `out` is renamed into place (atomic: an
+    interrupted build leaves nothing half-written under `dest`)."""
     if (dest / "tokenizer_config.json").is_file():
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{name}-") as tmp:
-        gguf = _extract(name, Path(tmp), quiet=quiet)
+    with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
         out = Path(tmp) / "tokenizer"
-        _convert(gguf, out)
+        build(Path(tmp), out)
         try:
             os.replace(out, dest)
         except OSError:
-            # Another process converted it first: theirs is as good as ours.
+            # Another process built it first: theirs is as good as ours.
             if not (dest / "tokenizer_config.json").is_file():
                 raise
     return dest
