@@ -168,6 +168,10 @@ def test_dry_run_checks_and_writes_nothing(command, tiny_model_dir, arith_data, 
     if command == "train":
         assert "data.train_files: 64 prompts" in out
         assert "2 steps of 4 prompts x 4 samples" in out and "data.val_files: 8 prompts" in out and "digit_fraction" in out
+        assert "actor: micro-batch 8 of a mini-batch of 16 sequences; memory: " in out  # the plan's choices
+        assert "gradient checkpointing off" in out and "log-probs: fused, " in out
+    else:
+        assert "gradient checkpointing off (model.gradient_checkpointing=false)" in out
 
 
 def _n_params(model_dir: str) -> int:

@@ -124,7 +124,7 @@ def test_supervised_derived(tiny_model_dir, arith_data, schema, data):
                                      "trainer.device=cpu", "data.batch_size=8", "optim.micro_batch_size=16",
                                      "trainer.epochs=2"])
     plan = plan_supervised(cfg).with_data(100)
-    assert plan.record() == {"device": "cpu", "micro_batch_size": 8, "total_steps": 25}
+    assert plan.record() == {"device": "cpu", "micro_batch_size": 8, "gradient_checkpointing": False, "total_steps": 25}
 
 
 def test_config_import_does_not_load_torch():

@@ -141,10 +141,20 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
     if "reward.reward_model_path" in plan.model_folders:
         rewards.append(f"reward model {plan.model_folders['reward.reward_model_path']}")
     stops = _stop_text(cfg, tok) if command == "train" else ""
-    return [_model_line(cfg), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens{stops}",
+    return [_model_line(cfg), *_memory_lines(command, plan), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens{stops}",
             *_data_lines(command, plan, tok),
             f"reward functions: {', '.join(rewards) if rewards else 'none'}",
             *(_agent_lines(cfg) if command == "train" else []), f"trainer.run_dir={run_dir} ({state})"]
+
+
+def _memory_lines(command: str, plan) -> list[str]:
+    """How the update fits in memory, as the plan chose it (models/shape_defaults.resolve_memory)."""
+    if command != "train":
+        return [f"gradient checkpointing {'on' if plan.gradient_checkpointing else 'off'} "
+                f"(model.gradient_checkpointing={plan.cfg.model.gradient_checkpointing}); "
+                f"micro-batch {plan.micro_batch_size}"]
+    return [f"actor: micro-batch {plan.actor_micro_batch_size} of a mini-batch of {plan.actor_mini_batch_size} "
+            f"sequences; {plan.memory}", f"log-probs: {plan.logprob_path}"]
 
 
 def _agent_lines(cfg) -> list[str]:

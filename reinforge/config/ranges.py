@@ -32,13 +32,13 @@ RANGES: dict[str, dict[str, str]] = {
     "GenEvalConfig": dict(max_prompt_length=SIZE, max_response_length=SIZE, max_samples=SIZE, n=SIZE,
                           temperature=POS, batch_size=SIZE),
     # reinforge/config/schema.py (RL)
-    "ModelConfig": dict(logprob_chunk_size=COUNT, lora_rank=COUNT, lora_alpha=POS),
+    "ModelConfig": dict(logprob_chunk_size=COUNT, lora_rank=COUNT, lora_alpha=POS, memory_budget_gb=NONNEG),
     "DataConfig": dict(max_prompt_length=SIZE, train_batch_size=SIZE, val_batch_size=SIZE, max_val_samples=SIZE,
                        seed=COUNT),
     "RolloutConfig": dict(n=SIZE, temperature=POS, top_p=PROB, top_k=COUNT, max_response_length=SIZE,
                           micro_batch_size=SIZE, val_n=SIZE, val_temperature=POS, gpu_memory_utilization=PROB,
                           tis_cap=POS, staleness=COUNT, stream_prompts=COUNT, max_turns=SIZE),
-    "ActorConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=SIZE,
+    "ActorConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=COUNT,
                         max_tokens_per_micro_batch=COUNT, loss_norm_const=POS, entropy_coeff=NONNEG,
                         kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE),  # + the policy losses' params
     "CriticConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=SIZE,

@@ -19,8 +19,16 @@ class ModelConfig:
     """Tokenizer folder; None means the model folder."""
     dtype: str = "auto"
     """Parameter dtype: auto (fp32 on CPU, bf16 on GPU), float32, bfloat16, float16."""
-    gradient_checkpointing: bool = False
-    """Recompute activations in backward to save memory."""
+    gradient_checkpointing: str = "auto"
+    """auto, true or false: recompute each decoder layer's activations in the backward (the
+    model's own activation checkpointing, use_reentrant=False), which saves most activation memory
+    for a second forward (~30% of an update). auto: on only when the training state plus one
+    row's activations would not fit model.memory_budget_gb otherwise (models/shape_defaults.py,
+    models of >= 100M parameters; below, off); the plan records the choice."""
+    memory_budget_gb: float = 0.0
+    """GB the trained model may use (weights, gradients, AdamW's moments, activations): what
+    model.gradient_checkpointing=auto and actor.micro_batch_size=0 are chosen against. 0: 80% of
+    the device's memory (the CPU's RAM or cgroup limit, a GPU's total)."""
     trust_remote_code: bool = False
     """Allow model code shipped inside the model folder to run (off unless you trust it)."""
     attn_implementation: str = "sdpa"
@@ -140,8 +148,11 @@ class ActorConfig(AdamWConfig):
     """Passes over each rollout batch."""
     mini_batch_size: int = 0
     """Sequences per optimizer step; 0 means the whole batch (one on-policy update)."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward; gradients accumulate to the mini-batch exactly."""
+    micro_batch_size: int = 0
+    """Sequences per forward/backward; gradients accumulate to the mini-batch exactly. 0 (auto):
+    for a model of >= 100M parameters the largest divisor of the mini-batch whose activations fit
+    model.memory_budget_gb next to the training state (estimated from config.json:
+    models/shape_defaults.resolve_memory); below, the largest divisor <= 16 (the former default)."""
     max_tokens_per_micro_batch: int = 0
     """>0: form micro-batches by this budget of real tokens (balanced, same count on every
     rank) instead of micro_batch_size sequences; pairs with model.use_packing."""

@@ -56,6 +56,7 @@ def check_model_and_run(model, run) -> None:
     loads or the first metric is logged."""
     check_choice(model.dtype, MODEL_DTYPES, "model.dtype")
     check_choice(model.autocast, ("none", "bf16", "auto"), "model.autocast")
+    check_choice(str(model.gradient_checkpointing).lower(), ("auto", "true", "false"), "model.gradient_checkpointing")
     check_choice(model.attn_implementation, ATTN_IMPLEMENTATIONS, "model.attn_implementation")
     need(model.lora_rank == 0 or bool(model.lora_target_modules),
          "model.lora_target_modules is empty: name the modules that get adapters, or [all-linear]")
@@ -84,12 +85,13 @@ def check_model_path(path: str, key: str) -> None:
 
 def check_batch_sizes(batch: int, mini: int, micro: int, section: str) -> tuple[int, int]:
     """Returns the effective (mini, micro) sizes. A mini-batch of 0 means the whole batch; a
-    micro-batch larger than the mini-batch is capped to it."""
+    micro-batch larger than the mini-batch is capped to it; a micro-batch of 0 (auto, the actor's)
+    stays 0 for the plan to choose (models/shape_defaults.resolve_memory)."""
     mini = mini or batch
     micro = min(micro, mini)
     need(mini > 0 and batch % mini == 0,
          f"{section}.mini_batch_size={mini} must divide the batch of data.train_batch_size * rollout.n = {batch}")
-    need(micro > 0 and mini % micro == 0,
+    need(micro == 0 or mini % micro == 0,
          f"{section}.micro_batch_size={micro} must divide {section}.mini_batch_size={mini}")
     return mini, micro
 

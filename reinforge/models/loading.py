@@ -109,18 +109,43 @@ def turn_end_ids(tokenizer) -> list[int]:
     return [ids[0]] if special else []
 
 
-def _finish(model: PreTrainedModel, device: str, gradient_checkpointing: bool, train: bool) -> PreTrainedModel:
+def checkpointing_on(value) -> bool:
+    """A loader's gradient_checkpointing: a bool, or model.gradient_checkpointing as the run's plan
+    resolved it ("true" / "false"; an unresolved `auto`, outside a plan, is off as it always was)."""
+    if isinstance(value, bool):
+        return value
+    v = str(value).strip().lower()
+    if v == "auto":
+        return False
+    if v not in ("true", "false"):
+        raise ValueError(f"gradient_checkpointing={value!r}: resolve model.gradient_checkpointing (auto) "
+                         "with the run's plan first")
+    return v == "true"
+
+
+def enable_checkpointing(model: PreTrainedModel) -> None:
+    """Activation checkpointing of every decoder layer through the model's own switch, non-reentrant
+    (torch.utils.checkpoint with use_reentrant=False: gradients reach inputs passed by keyword and
+    frozen embeddings, and the recompute runs under the forward's autocast state)."""
+    kwargs = {"use_reentrant": False}
+    if hasattr(model, "activation_checkpointing_enable"):  # transformers >= 5.x; the old name warns there
+        model.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+    else:
+        model.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+    model.config.use_cache = False
+
+
+def _finish(model: PreTrainedModel, device: str, gradient_checkpointing, train: bool) -> PreTrainedModel:
     model.to(device)
-    if gradient_checkpointing:
-        model.gradient_checkpointing_enable()
-        model.config.use_cache = False
+    if checkpointing_on(gradient_checkpointing):
+        enable_checkpointing(model)
     model.train(train)
     if not train:
         model.requires_grad_(False)
     return model
 
 
-def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool = False,
+def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool | str = False,
                    trust_remote_code: bool = False, attn_implementation: str = "sdpa",
                    train: bool = True) -> PreTrainedModel:
     """Actor (train=True) or reference (train=False: eval mode, no gradients)."""
@@ -128,10 +153,10 @@ def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu", gradi
     model = _from_pretrained(
         AutoModelForCausalLM.from_pretrained, path, dtype=resolve_dtype(dtype, device),
         trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, local_files_only=True)
-    return _finish(model, device, gradient_checkpointing and train, train)
+    return _finish(model, device, checkpointing_on(gradient_checkpointing) and train, train)
 
 
-def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool = False,
+def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool | str = False,
                 trust_remote_code: bool = False, attn_implementation: str = "sdpa",
                 reinit_head: bool = False) -> PreTrainedModel:
     """The value model: `<Arch>ForTokenClassification` with one label on the backbone at `path`.
@@ -166,7 +191,7 @@ def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient
 
 
 def load_reward_model(path: str, *, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False,
-                      attn_implementation: str = "sdpa", gradient_checkpointing: bool = False,
+                      attn_implementation: str = "sdpa", gradient_checkpointing: bool | str = False,
                       train: bool = False) -> PreTrainedModel:
     """A sequence classifier with one label (Bradley-Terry reward model): frozen for scoring, or
     trainable (`train`, reinforge rm: from a causal LM the backbone loads and the head is new)."""
@@ -174,4 +199,4 @@ def load_reward_model(path: str, *, dtype: str = "auto", device: str = "cpu", tr
     model = _from_pretrained(
         AutoModelForSequenceClassification.from_pretrained, path, num_labels=1, dtype=resolve_dtype(dtype, device),
         trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, local_files_only=True)
-    return _finish(model, device, gradient_checkpointing and train, train)
+    return _finish(model, device, checkpointing_on(gradient_checkpointing) and train, train)

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 LARGE_PARAMS = 100_000_000
@@ -77,3 +78,171 @@ def resolve_rollout_dtype(value: str, n_params: int, device: str, backend: str, 
         return value
     fp32 = weights_dtype in ("float32",) or (weights_dtype == "auto" and not device.startswith("cuda"))
     return "bfloat16" if backend == "lean" and fp32 and large(n_params) and bf16_native(device) else "model"
+
+
+# ---- memory: activation checkpointing and the actor's micro-batch from a budget ------------------
+SMALL_MICRO_BATCH = 16
+"""actor.micro_batch_size=0 (auto) below LARGE_PARAMS: the former fixed default, so the small models
+of the demo, the presets and the tests keep their numerics bit for bit."""
+BUDGET_FRACTION = 0.8
+"""model.memory_budget_gb=0: this share of the device's total memory (the rest: the runtime, the
+rollout's KV cache and decode copy, the allocator's slack)."""
+FUSED_HEAD_BYTES = 3 * (256 << 20)
+"""What the fused log-prob head keeps alive at once besides the head's gradient: its (chunk, V)
+fp32 buffers (algos/fused_logprobs.FUSED_CHUNK_BUDGET, ~3 of them) and the bf16 head copy and
+bf16 gradient sum of a large vocabulary, bounded together by ~3 x 256 MiB at V = 152k."""
+
+
+def model_shape(model_path: str) -> dict | None:
+    """{hidden, layers, vocab, inter, heads, head_dim, kv} of a decoder-only HF model from its
+    config.json (None when unreadable)."""
+    try:
+        c = json.loads((Path(model_path) / "config.json").read_text())
+        c = c.get("text_config", c)
+        H, heads = c["hidden_size"], c.get("num_attention_heads", 1)
+        head_dim = c.get("head_dim") or H // heads
+        return {"hidden": H, "layers": c["num_hidden_layers"], "vocab": c["vocab_size"],
+                "inter": c.get("intermediate_size", 4 * H), "heads": heads, "head_dim": head_dim,
+                "kv": c.get("num_key_value_heads", heads) * head_dim}
+    except (OSError, KeyError, TypeError, ValueError):
+        return None
+
+
+def activation_bytes(shape: dict, rows: int, seq: int, *, checkpointing: bool, matmul_bytes: int,
+                     resid_bytes: int, eager_attention: bool = False) -> int:
+    """Bytes autograd keeps for the backward of `rows` sequences of `seq` tokens through a
+    Qwen2 / Llama decoder (an upper bound: every row at the full length).
+
+    Per token and layer without checkpointing: the residual stream and the two RMSNorms in the
+    weights' precision (~6 H: input, rsqrt, normalised output, twice), the matmuls' saved operands
+    in the matmul precision (q/k/v input H, RoPE's q H and k kv, sdpa's q, k, v and output H + 2 kv
+    + H, o_proj's input H, the MLP's input H; gate, silu(gate), up and their product 4 I); eager
+    attention adds its (heads, seq) score and probability rows. With checkpointing each layer
+    keeps only its input (H in the residual's precision) and one layer's full set lives during its
+    recompute."""
+    H, I, kv = shape["hidden"], shape["inter"], shape["kv"]
+    per_layer = 6 * H * resid_bytes + (6 * H + 4 * kv + 4 * I) * matmul_bytes
+    if eager_attention:
+        per_layer += 2 * shape["heads"] * seq * matmul_bytes
+    tokens = rows * seq
+    if checkpointing:
+        return tokens * (shape["layers"] * H * resid_bytes + per_layer)
+    return tokens * shape["layers"] * per_layer
+
+
+def head_bytes(shape: dict, tokens: int, fused: bool) -> int:
+    """What the log-prob head adds at its backward: the fused path's chunk buffers and bf16
+    copies (FUSED_HEAD_BYTES at most, less for a small vocabulary), or the logits path's
+    (tokens, V) fp32 logits, log-softmax and gradient."""
+    V, H = shape["vocab"], shape["hidden"]
+    if fused:
+        return min(FUSED_HEAD_BYTES, 3 * 4 * V * tokens + 4 * V * H)
+    return 3 * 4 * V * tokens
+
+
+def device_memory_bytes(device: str) -> int:
+    """The device's total memory: a CUDA GPU's, or the CPU's (MemTotal, or a smaller cgroup limit)."""
+    if device.startswith("cuda"):
+        import torch
+
+        return int(torch.cuda.get_device_properties(torch.device(device)).total_memory)
+    total = 0
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                total = int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        if limit.isdigit():
+            total = min(total, int(limit)) if total else int(limit)
+    except OSError:
+        pass
+    return total or 16 << 30
+
+
+def memory_budget(budget_gb: float, device: str) -> int:
+    """model.memory_budget_gb in bytes; 0: BUDGET_FRACTION of the device's total memory."""
+    return int(budget_gb * 1e9) if budget_gb > 0 else int(BUDGET_FRACTION * device_memory_bytes(device))
+
+
+@dataclass(frozen=True)
+class MemoryPlan:
+    """What resolve_memory decided, and the estimate it decided by (bytes)."""
+    gradient_checkpointing: bool
+    micro_batch_size: int
+    state_bytes: int
+    """Weights, gradients and AdamW's two moments (plus a reference copy's weights)."""
+    activation_bytes: int
+    """The micro-batch's activations (resolve's checkpointing) plus the log-prob head's buffers."""
+    budget_bytes: int
+
+    def line(self) -> str:
+        gb = 1e9
+        return (f"memory: {self.state_bytes / gb:.2f} GB weights + grads + AdamW, "
+                f"{self.activation_bytes / gb:.2f} GB activations of a micro-batch of {self.micro_batch_size}, "
+                f"budget {self.budget_bytes / gb:.2f} GB -> gradient checkpointing "
+                f"{'on' if self.gradient_checkpointing else 'off'}")
+
+
+def _flag(value) -> str:
+    """model.gradient_checkpointing as one of auto / true / false (YAML's booleans arrive as 'True')."""
+    return str(value).strip().lower()
+
+
+def checkpointing_choice(value) -> str | None:
+    """auto / true / false, or None for a value that is none of them."""
+    v = _flag(value)
+    return v if v in ("auto", "true", "false") else None
+
+
+def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: str, device: str, budget_gb: float,
+                   weights_bytes: int, bf16_autocast: bool, trained_fraction: float = 1.0, reference: bool = False,
+                   fused: bool = True, eager_attention: bool = False) -> MemoryPlan:
+    """model.gradient_checkpointing and actor.micro_batch_size (0: auto) resolved against the
+    memory budget from the model's config.json; rows per micro-batch divide `mini`.
+
+    Below LARGE_PARAMS (or without a readable config.json), auto means off and SMALL_MICRO_BATCH
+    (the former defaults, so small models' numerics do not change). From LARGE_PARAMS on, an auto
+    micro-batch is the largest divisor of the mini-batch whose activations fit the budget left by
+    the training state (larger micro-batches run the matmuls closer to their peak; accumulation
+    is exact, so the gradient does not depend on it), and auto checkpointing switches on only
+    when even one row would not fit without it (it costs a second forward, ~30% of an update)."""
+    n, shape = config_params(model_path), model_shape(model_path)
+    budget = memory_budget(budget_gb, device)
+    state = int(n * weights_bytes * (1 + 3 * trained_fraction) + (n * weights_bytes if reference else 0))
+    choice = _flag(ckpt)
+    matmul = 2 if bf16_autocast else weights_bytes
+
+    def act(rows: int, on: bool) -> int:
+        if shape is None:
+            return 0
+        return (activation_bytes(shape, rows, seq, checkpointing=on, matmul_bytes=matmul, resid_bytes=weights_bytes,
+                                 eager_attention=eager_attention) + head_bytes(shape, rows * seq, fused))
+
+    if shape is None or not large(n):
+        rows = micro or _divisor_at_most(mini, SMALL_MICRO_BATCH)
+        return MemoryPlan(choice == "true", rows, state, act(rows, choice == "true"), budget)
+
+    def fits(rows: int, on: bool) -> bool:
+        return state + act(rows, on) <= budget
+
+    options = [False, True] if choice == "auto" else [choice == "true"]
+    if micro:
+        on = next((o for o in options if fits(micro, o)), options[-1])
+        return MemoryPlan(on, micro, state, act(micro, on), budget)
+    for on in options:
+        rows = next((d for d in _divisors_desc(mini) if fits(d, on)), 0)
+        if rows:
+            return MemoryPlan(on, rows, state, act(rows, on), budget)
+    return MemoryPlan(options[-1], 1, state, act(1, options[-1]), budget)  # over budget even so: the smallest
+
+
+def _divisors_desc(n: int) -> list[int]:
+    return [d for d in range(n, 0, -1) if n % d == 0]
+
+
+def _divisor_at_most(n: int, cap: int) -> int:
+    """The largest divisor of n that is <= cap (a micro-batch must divide its mini-batch)."""
+    return next(d for d in _divisors_desc(n) if d <= max(cap, 1))

@@ -82,10 +82,18 @@ class RunPlan:
     """model.autocast with `auto` resolved (models/shape_defaults.py); cfg.model holds it too."""
     rollout_dtype: str = "model"
     """rollout.dtype with `auto` resolved; cfg.rollout holds it too."""
+    gradient_checkpointing: bool = False
+    """model.gradient_checkpointing with `auto` resolved against the memory budget
+    (models/shape_defaults.resolve_memory); cfg.model holds it too, as "true" / "false"."""
+    memory: str = ""
+    """The estimate the micro-batch and checkpointing were chosen by (shape_defaults.MemoryPlan.line)."""
+    logprob_path: str = ""
+    """How the actor's log-probs are computed: fused (chunk rows, bf16 head) or logits (logprob_path)."""
 
     RECORDED = ("batch_size", "actor_mini_batch_size", "actor_micro_batch_size", "critic_enabled",
                 "critic_mini_batch_size", "critic_micro_batch_size", "reference_enabled", "teacher_enabled",
-                "loss_norm_const", "device", "on_policy", "tis_cap", "rollout_backend", "autocast", "rollout_dtype")
+                "loss_norm_const", "device", "on_policy", "tis_cap", "rollout_backend", "autocast", "rollout_dtype",
+                "gradient_checkpointing", "memory", "logprob_path")
 
     def record(self) -> dict:
         """The derived values written under `derived:` in config.yaml."""
@@ -109,6 +117,8 @@ class SupervisedPlan:
     """Where the models go: trainer.device with `auto` resolved."""
     micro_batch_size: int
     """Rows (pairs) per forward/backward: optim.micro_batch_size capped to data.batch_size."""
+    gradient_checkpointing: bool = False
+    """model.gradient_checkpointing with `auto` resolved (as for RL: shape_defaults.resolve_memory)."""
     total_steps: Optional[int] = None
     """Optimizer steps: trainer.total_steps, or trainer.epochs over the data; None until the data
     size is known (with_data)."""
@@ -128,7 +138,8 @@ class SupervisedPlan:
 
     def record(self) -> dict:
         """The derived values written under `derived:` in config.yaml."""
-        out = {"device": self.device, "micro_batch_size": self.micro_batch_size}
+        out = {"device": self.device, "micro_batch_size": self.micro_batch_size,
+               "gradient_checkpointing": self.gradient_checkpointing}
         if self.total_steps is not None:
             out["total_steps"] = self.total_steps
         return {**out, **({"hub_ids": dict(self.hub_ids)} if self.hub_ids else {})}
@@ -162,6 +173,49 @@ def resolve_shape_defaults(cfg: RLConfig, device: str) -> RLConfig:
                    rollout=replace(r, dtype=resolve_rollout_dtype(r.dtype, n, device, r.backend, m.dtype)))
 
 
+def _weights_bytes(dtype: str, device: str) -> int:
+    """Bytes per parameter of model.dtype on `device` (auto: fp32 on a CPU, bf16 on a GPU)."""
+    if dtype == "auto":
+        return 2 if device.startswith("cuda") else 4
+    return 4 if dtype == "float32" else 2
+
+
+def resolve_actor_memory(cfg: RLConfig, device: str, mini: int, micro: int, reference: bool):
+    """(cfg with model.gradient_checkpointing "true" / "false" and actor.micro_batch_size set,
+    shape_defaults.MemoryPlan): both chosen against model.memory_budget_gb from config.json."""
+    from reinforge.models.shape_defaults import resolve_memory
+
+    m = cfg.model
+    mem = resolve_memory(ckpt=m.gradient_checkpointing, micro=micro, mini=mini,
+                         seq=cfg.data.max_prompt_length + cfg.rollout.max_response_length, model_path=m.path,
+                         device=device, budget_gb=m.memory_budget_gb, weights_bytes=_weights_bytes(m.dtype, device),
+                         bf16_autocast=m.autocast == "bf16", trained_fraction=0.0 if m.lora_rank > 0 else 1.0,
+                         reference=reference and m.lora_rank == 0, fused=m.fused_logprobs,
+                         eager_attention=m.attn_implementation == "eager")
+    cfg = replace(cfg, model=replace(m, gradient_checkpointing="true" if mem.gradient_checkpointing else "false"),
+                  actor=replace(cfg.actor, micro_batch_size=mem.micro_batch_size))
+    return cfg, mem
+
+
+def logprob_path(m) -> str:
+    """The actor's log-prob path as the model's vocabulary and model.* choose it: `fused` (chunk
+    rows from algos/fused_logprobs.auto_chunk_rows unless model.logprob_chunk_size; bf16 head
+    matmuls under bf16 autocast from 65,536 ids) or `logits` (model.fused_logprobs=false; a head
+    with a bias also takes it)."""
+    from reinforge.algos.fused_logprobs import BF16_HEAD_MIN_VOCAB, auto_chunk_rows
+    from reinforge.models.shape_defaults import model_shape
+
+    shape = model_shape(m.path)
+    if not m.fused_logprobs:
+        return "logits" + (f" (chunk {m.logprob_chunk_size} rows)" if m.logprob_chunk_size else "")
+    if shape is None:
+        return "fused"
+    V = shape["vocab"]
+    rows = m.logprob_chunk_size or auto_chunk_rows(V)
+    head = "bf16" if m.autocast == "bf16" and V >= BF16_HEAD_MIN_VOCAB and m.dtype in ("auto", "float32") else "model dtype"
+    return f"fused, {rows} tokens per chunk at V = {V}, head matmuls in {head}"
+
+
 def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = None) -> RunPlan:
     """The rules of `cfg` (whose model paths are folders) and the plan derived from it, on a
     copy; of the files it names it reads only the model's config.json (`reinforge config`)."""
@@ -180,6 +234,9 @@ def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = N
     preflight.check_reward_names(cfg.reward, cfg.algorithm, r.max_response_length)
     batch = cfg.data.train_batch_size * r.n
     mini, micro = check_batch_sizes(batch, act.mini_batch_size, act.micro_batch_size, "actor")
+    reference = bool(act.use_kl_loss or a.use_kl_in_reward)
+    cfg, mem = resolve_actor_memory(cfg, device, mini, micro, reference)
+    micro = mem.micro_batch_size
     critic = critic_enabled(cfg)
     c_mini, c_micro = check_batch_sizes(batch, crit.mini_batch_size, crit.micro_batch_size, "critic") \
         if critic else (None, None)
@@ -194,10 +251,11 @@ def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = N
     return RunPlan(
         cfg=cfg, device=device, batch_size=batch, actor_mini_batch_size=mini, actor_micro_batch_size=micro,
         critic_mini_batch_size=c_mini, critic_micro_batch_size=c_micro, critic_enabled=critic,
-        reference_enabled=bool(act.use_kl_loss or a.use_kl_in_reward), teacher_enabled=teacher,
+        reference_enabled=reference, teacher_enabled=teacher,
         on_policy=on_policy,
         tis_cap=r.tis_cap if r.backend == "vllm" or r.staleness > 0 or r.dtype != "model" else None,
-        autocast=cfg.model.autocast, rollout_dtype=r.dtype,
+        autocast=cfg.model.autocast, rollout_dtype=r.dtype, gradient_checkpointing=mem.gradient_checkpointing,
+        memory=mem.line(), logprob_path=logprob_path(cfg.model),
         rollout_backend=r.backend, loss_norm_const=act.loss_norm_const or r.max_response_length,
         hub_ids=dict(hub_ids or {}), model_folders=_rl_model_folders(cfg, critic, teacher),
         reward_functions=tuple((f"reward.functions[{i}].name", f["name"], f.get("style"))
@@ -268,6 +326,22 @@ SUPERVISED = {SFTConfig: _Supervised(validate_sft, "parquet/JSONL file", True, S
               RMConfig: _Supervised(validate_preference, "prompt/chosen/rejected file", False, PREF_OVERLONG)}
 
 
+def resolve_supervised_checkpointing(cfg, device: str, micro: int, pairs: bool):
+    """(cfg with model.gradient_checkpointing "true" / "false", the choice): `auto` against
+    model.memory_budget_gb for `micro` rows (pairs: two sequences each) of data.max_length tokens."""
+    from reinforge.models.shape_defaults import resolve_memory
+
+    m = cfg.model
+    rows = micro * (2 if pairs else 1)
+    mem = resolve_memory(ckpt=m.gradient_checkpointing, micro=rows, mini=rows, seq=cfg.data.max_length,
+                         model_path=m.path, device=device, budget_gb=m.memory_budget_gb,
+                         weights_bytes=_weights_bytes(m.dtype, device), bf16_autocast=False,
+                         trained_fraction=0.0 if m.lora_rank > 0 else 1.0, fused=m.fused_logprobs,
+                         eager_attention=m.attn_implementation == "eager")
+    on = mem.gradient_checkpointing
+    return replace(cfg, model=replace(m, gradient_checkpointing="true" if on else "false")), on
+
+
 def resolve_supervised(cfg, rows: dict | None = None) -> SupervisedPlan:
     """The SFT, DPO or RM run's plan (total_steps still None: `with_data` fixes it once the data
     is read): Hub ids resolved into a copy, its rules checked, then every file it names."""
@@ -295,6 +369,8 @@ def plan_supervised(cfg, *, hub_ids: dict | None = None, rows: dict | None = Non
         preflight.check_reward_styles(cfg.eval.reward_functions, "eval.reward_functions")
         functions = tuple((f"eval.reward_functions[{i}].name", f["name"], f.get("style"))
                           for i, f in enumerate(cfg.eval.reward_functions))
-    return SupervisedPlan(cfg=cfg, device=device, micro_batch_size=min(cfg.optim.micro_batch_size, cfg.data.batch_size),
+    micro = min(cfg.optim.micro_batch_size, cfg.data.batch_size)
+    cfg, checkpointing = resolve_supervised_checkpointing(cfg, device, micro, pairs=kind.data_kind != "parquet/JSONL file")
+    return SupervisedPlan(cfg=cfg, device=device, micro_batch_size=micro, gradient_checkpointing=checkpointing,
                           hub_ids=dict(hub_ids or {}), model_folders=kind.folders(cfg), reward_functions=functions,
                           rows=dict(rows or {}))

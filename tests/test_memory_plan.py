@@ -1,0 +1,120 @@
+"""Activation checkpointing and the actor's micro-batch from the memory budget
+(models/shape_defaults.resolve_memory, trainers/plan.py): checkpointed gradients equal the plain
+ones through the fused log-prob head, the plan's choices by model size and budget, and a micro-
+batch chosen by the budget leaves the accumulated gradient unchanged (tests/grad_check.py)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from reinforge.config.load import ConfigError, load_config
+from reinforge.config.schema import RLConfig
+from reinforge.models import shape_defaults as sd
+from reinforge.models.forward import response_logprobs
+from reinforge.models.loading import checkpointing_on, load_causal_lm
+from reinforge.trainers.plan import plan_rl
+from tests.conftest import ragged_batch, rl_overrides
+from tests.grad_check import GRAD_RTOL, grad_gap
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+QWEN05 = {"hidden_size": 896, "num_hidden_layers": 24, "num_attention_heads": 14, "num_key_value_heads": 2,
+          "intermediate_size": 4864, "vocab_size": 151936, "tie_word_embeddings": True}
+
+
+def _grads(model, batch, fused: bool, autocast: bool = False) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    model.zero_grad(set_to_none=True)
+    T = batch["responses"].shape[1]
+    with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+        logp, ent = response_logprobs(model, batch["input_ids"], batch["attention_mask"], T, with_entropy=True,
+                                      fused=fused, chunk_size=5)
+    mask = batch["response_mask"].float()
+    ((logp * mask).sum() / mask.sum() - 0.1 * (ent * mask).sum() / mask.sum()).backward()
+    return logp.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_checkpointed_gradients_equal_the_plain_ones(tiny_model_dir, fused):
+    plain = load_causal_lm(tiny_model_dir)
+    ckpt = load_causal_lm(tiny_model_dir, gradient_checkpointing="true")
+    assert ckpt.model.layers[0].gradient_checkpointing and not plain.model.layers[0].gradient_checkpointing
+    batch = ragged_batch(plain.config.vocab_size, B=3, P=4, T=5)
+    lp_a, g_a = _grads(plain, batch, fused)
+    lp_b, g_b = _grads(ckpt, batch, fused)
+    assert torch.allclose(lp_a, lp_b, atol=1e-6)
+    assert grad_gap(g_a, g_b) <= GRAD_RTOL
+    # under bf16 autocast the recompute runs in the forward's autocast state: the same bf16 matmuls
+    lp_a, g_a = _grads(plain, batch, fused, autocast=True)
+    lp_b, g_b = _grads(ckpt, batch, fused, autocast=True)
+    assert torch.allclose(lp_a, lp_b, atol=1e-6)
+    assert grad_gap(g_a, g_b) <= GRAD_RTOL
+
+
+def test_checkpointing_flag_values():
+    assert checkpointing_on(True) and checkpointing_on("true") and checkpointing_on("True")
+    assert not checkpointing_on("false") and not checkpointing_on(False)
+    assert not checkpointing_on("auto")  # unresolved outside a plan: off, as before the key had auto
+    with pytest.raises(ValueError, match="gradient_checkpointing='yes'"):
+        checkpointing_on("yes")
+
+
+def test_activation_estimate_of_the_qwen05_shape(tmp_path):
+    shape = {"hidden": 896, "layers": 24, "vocab": 151936, "inter": 4864, "heads": 14, "head_dim": 64, "kv": 128}
+    (tmp_path / "config.json").write_text(json.dumps(QWEN05))
+    assert sd.model_shape(str(tmp_path)) == shape
+    # per token and layer: 6 * 896 * 4 = 21,504 fp32 bytes + (6 * 896 + 4 * 128 + 4 * 4864) = 25,344 operands
+    plain = sd.activation_bytes(shape, 16, 38, checkpointing=False, matmul_bytes=2, resid_bytes=4)
+    assert plain == 16 * 38 * 24 * (21_504 + 2 * 25_344)
+    ckpt = sd.activation_bytes(shape, 16, 38, checkpointing=True, matmul_bytes=2, resid_bytes=4)
+    assert ckpt == 16 * 38 * (24 * 896 * 4 + 21_504 + 2 * 25_344)
+    assert plain / ckpt > 10  # what checkpointing saves at 24 layers
+
+
+def test_resolve_memory_by_size_and_budget(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN05))
+    big = dict(model_path=str(tmp_path), device="cpu", weights_bytes=4, bf16_autocast=True, mini=16, seq=256)
+    state = 16 * sd.config_params(str(tmp_path))  # 7.9 GB
+    roomy = sd.resolve_memory(ckpt="auto", micro=0, budget_gb=100.0, **big)
+    assert (roomy.gradient_checkpointing, roomy.micro_batch_size, roomy.state_bytes) == (False, 16, state)
+    # 10 GB: the whole mini-batch of 256-token rows (~7 GB of activations) does not fit, a few rows do
+    tight = sd.resolve_memory(ckpt="auto", micro=0, budget_gb=10.0, **big)
+    assert not tight.gradient_checkpointing and 1 <= tight.micro_batch_size < 16
+    assert 16 % tight.micro_batch_size == 0 and tight.state_bytes + tight.activation_bytes <= 10e9
+    # 8.9 GB: not even one row without checkpointing: it switches on (and the micro-batch grows again)
+    tighter = sd.resolve_memory(ckpt="auto", micro=0, budget_gb=8.9, **big)
+    assert tighter.gradient_checkpointing and tighter.state_bytes + tighter.activation_bytes <= 8.9e9
+    assert tighter.micro_batch_size > tight.micro_batch_size
+    assert sd.resolve_memory(ckpt="false", micro=0, budget_gb=8.9, **big).gradient_checkpointing is False
+    assert sd.resolve_memory(ckpt="true", micro=4, budget_gb=100.0, **big).micro_batch_size == 4
+    assert "gradient checkpointing on" in tighter.line()
+
+
+def test_small_models_keep_the_former_defaults(tiny_model_dir):
+    small = dict(model_path=tiny_model_dir, device="cpu", weights_bytes=4, bf16_autocast=False, seq=64, budget_gb=0.001)
+    assert sd.resolve_memory(ckpt="auto", micro=0, mini=256, **small).micro_batch_size == 16
+    assert sd.resolve_memory(ckpt="auto", micro=0, mini=24, **small).micro_batch_size == 12  # a divisor
+    assert sd.resolve_memory(ckpt="auto", micro=0, mini=8, **small).micro_batch_size == 8
+    assert sd.resolve_memory(ckpt="auto", micro=0, mini=256, **small).gradient_checkpointing is False
+
+
+def test_plan_records_the_choices(tiny_model_dir, arith_data, tmp_path, monkeypatch):
+    def plan(**extra):
+        return plan_rl(load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **extra)))
+
+    assert plan().actor_micro_batch_size == 8  # an explicit size is kept
+    p = plan(**{"actor.micro_batch_size": 0})  # auto
+    assert p.gradient_checkpointing is False and p.cfg.model.gradient_checkpointing == "false"
+    assert p.actor_micro_batch_size == p.cfg.actor.micro_batch_size == min(16, p.actor_mini_batch_size)
+    rec = p.record()
+    assert rec["gradient_checkpointing"] is False and rec["logprob_path"].startswith("fused, ")
+    assert plan(**{"model.gradient_checkpointing": "true"}).gradient_checkpointing is True
+    assert plan(**{"model.gradient_checkpointing": "True"}).cfg.model.gradient_checkpointing == "true"
+    assert plan(**{"model.fused_logprobs": "false"}).logprob_path == "logits"
+    monkeypatch.setattr(sd, "LARGE_PARAMS", 1000)  # the tiny model counts as large: the budget decides
+    big = plan(**{"model.memory_budget_gb": "1000", "actor.micro_batch_size": 0})
+    assert big.actor_micro_batch_size == big.actor_mini_batch_size and not big.gradient_checkpointing
+    assert "budget 1000.00 GB" in big.record()["memory"]
+    with pytest.raises(ConfigError, match="model.gradient_checkpointing='sometimes'"):
+        plan(**{"model.gradient_checkpointing": "sometimes"})
