@@ -118,3 +118,35 @@ def test_plan_records_the_choices(tiny_model_dir, arith_data, tmp_path, monkeypa
     assert "budget 1000.00 GB" in big.record()["memory"]
     with pytest.raises(ConfigError, match="model.gradient_checkpointing='sometimes'"):
         plan(**{"model.gradient_checkpointing": "sometimes"})
+
+
+def test_a_budget_chosen_micro_batch_and_checkpointing_keep_the_gradient(tiny_model_dir, arith_data, tmp_path,
+                                                                         monkeypatch):
+    """The tiny model counted as large: a roomy budget gives the whole mini-batch of 16 in one
+    micro-batch; a budget that fits 2 checkpointed rows gives micro-batches of 2 with checkpointing.
+    Both updates accumulate the same gradient (2 epochs, the second run replaying the first's
+    gradients so both stay at the same weights: tests/grad_check.py)."""
+    from reinforge.trainers.rl import RLTrainer
+    from tests.grad_check import assert_same_steps, record_steps
+
+    monkeypatch.setattr(sd, "LARGE_PARAMS", 1000)
+    n = sd.config_params(tiny_model_dir)
+    shape = sd.model_shape(tiny_model_dir)
+    two = 16 * n + sd.activation_bytes(shape, 2, 14, checkpointing=True, matmul_bytes=4, resid_bytes=4) \
+        + sd.head_bytes(shape, 28, True)
+    grads, plans = [], []
+    for name, extra in (("roomy", {"model.memory_budget_gb": 1000}),
+                        ("tight", {"model.memory_budget_gb": (two + 1) / 1e9, "model.gradient_checkpointing": "true"})):
+        cfg = load_config(RLConfig, "grpo", rl_overrides(
+            tiny_model_dir, arith_data, str(tmp_path / name),
+            **{"trainer.total_steps": 1, "actor.micro_batch_size": 0, "actor.mini_batch_size": 16, "actor.ppo_epochs": 2,
+               "actor.grad_clip": 0, "actor.use_kl_loss": False, "trainer.val_before_train": False,
+               "data.val_files": "[]", "trainer.export_hf": False, "model.autocast": "none", "rollout.dtype": "model",
+               **extra}))  # fp32: bf16 matmuls round differently by micro-batch shape
+        t = RLTrainer(cfg)
+        plans.append((t.plan.actor_micro_batch_size, t.plan.gradient_checkpointing,
+                      t.actor.model.model.layers[0].gradient_checkpointing))
+        grads.append(record_steps(t.actor.opt, t.actor.params, replay=grads[0] if grads else None))
+        t.fit()
+    assert plans == [(16, False, False), (2, True, True)]
+    assert_same_steps(grads[0], grads[1])
