@@ -21,8 +21,9 @@ of each run; the ratio is per round, so a load change on the machine hits both s
 widths) with the real 151,936-id Qwen2 vocabulary (models/vocabs.py), 4 prompts x 4 samples,
 32 response tokens, no KL; its cells are `--settings`: `fp32` and `bf16` at equal settings
 (TRL `bf16=False/True, gradient_checkpointing=False`; reinforge `model.autocast=none/bf16`,
-`rollout.dtype=model`) and `defaults` (TRL's: bf16 autocast and gradient checkpointing;
-reinforge's: no overrides). Each run's peak resident memory is read the same way for both
+`rollout.dtype=model`, `model.gradient_checkpointing=false`) and `defaults` (TRL's: bf16 autocast
+and gradient checkpointing; reinforge's: no overrides, so checkpointing and the micro-batch are
+the plan's choice from the memory budget). Each run's peak resident memory is read the same way for both
 sides, by `/usr/bin/time -v` around the process (reinforge's side switches off
 perf/cpu_rss_peak_gb's VmHWM resets, which would lower it). Before the table the benchmark
 measures and prints this machine's floors at the shape (benchmarks/floors.py): bandwidth,
@@ -53,8 +54,8 @@ SIZES = {"tiny": dict(hidden=None, layers=None, tokens=32, prompts=4, n=8),
                           prompts=4, n=4)}
 BETA, LR = 0.04, 1e-5
 # qwen0.5b cells: label -> (TRL bf16, TRL gradient checkpointing, reinforge overrides)
-SETTINGS = {"fp32": (0, 0, ["model.autocast=none", "rollout.dtype=model"]),
-            "bf16": (1, 0, ["model.autocast=bf16", "rollout.dtype=model"]),
+SETTINGS = {"fp32": (0, 0, ["model.autocast=none", "rollout.dtype=model", "model.gradient_checkpointing=false"]),
+            "bf16": (1, 0, ["model.autocast=bf16", "rollout.dtype=model", "model.gradient_checkpointing=false"]),
             "defaults": (1, 1, [])}
 STAGES = ("gen", "reward", "old_log_prob", "ref", "update")
 

@@ -150,3 +150,4 @@ def test_a_budget_chosen_micro_batch_and_checkpointing_keep_the_gradient(tiny_mo
         t.fit()
     assert plans == [(16, False, False), (2, True, True)]
     assert_same_steps(grads[0], grads[1])
+
