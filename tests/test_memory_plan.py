@@ -151,3 +151,17 @@ def test_a_budget_chosen_micro_batch_and_checkpointing_keep_the_gradient(tiny_mo
     assert plans == [(16, False, False), (2, True, True)]
     assert_same_steps(grads[0], grads[1])
 
+
+
+def test_lora_trains_under_checkpointing(tiny_model_dir, arith_data, tmp_path):
+    """LoRA's frozen embeddings under non-reentrant checkpointing: the adapters still get gradients."""
+    from reinforge.trainers.rl import RLTrainer
+
+    extra = {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj, v_proj]", "actor.lr": 1e-2,
+             "model.gradient_checkpointing": "true", "trainer.total_steps": 1, "trainer.val_before_train": False,
+             "data.val_files": "[]", "trainer.export_hf": False}
+    t = RLTrainer(load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **extra)))
+    before = {n: p.detach().clone() for n, p in t.actor_model.named_parameters() if "lora_B" in n}
+    t.fit()
+    after = dict(t.actor_model.named_parameters())
+    assert any(not torch.equal(before[n], after[n]) for n in before)
