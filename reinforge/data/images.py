@@ -222,7 +222,46 @@ def _mentions_images(prompt: Any) -> bool:
     return False
 
 
-def check_max_pixels(value: Any) -> None:
-    """ValueError unless data.max_pixels is a positive int."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise DataError(f"data.max_pixels must be a positive integer, got {value!r}")
+def is_processor(tokenizer) -> bool:
+    """Whether `tokenizer` is a multimodal processor (it has an image processor): what the
+    datasets need to expand an image's placeholder into its image tokens."""
+    return getattr(tokenizer, "image_processor", None) is not None
+
+
+def text_tokenizer(tokenizer):
+    """The tokenizer of a processor, or `tokenizer` itself: what encodes text."""
+    return tokenizer.tokenizer if is_processor(tokenizer) else tokenizer
+
+
+def require_processor(tokenizer, path: str, i: int, field: str) -> None:
+    """DataError for image row i when `tokenizer` is a plain tokenizer: a text-only model cannot
+    see the images (give a vision-language model folder, or drop the image column)."""
+    if not is_processor(tokenizer):
+        raise row_error(path, i, field, "the row has images but the model has no image processor (it is not a "
+                                        "vision-language model: use one, or drop the image column)")
+
+
+def render_messages(tokenizer, messages: list[dict], path: str, i: int, field: str) -> str:
+    """Canonical messages as prompt text through the (processor's) chat template, ending where
+    the assistant's reply begins; image parts become the template's image markers."""
+    if getattr(tokenizer, "chat_template", None) is None and getattr(text_tokenizer(tokenizer), "chat_template",
+                                                                     None) is None:
+        raise row_error(path, i, field, "an image prompt needs a chat template, and the tokenizer has none")
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def encode_with_images(processor, text: str, images: list) -> list[int]:
+    """Token ids of `text` (special tokens as the text writes them) with each image marker
+    expanded into the image's tokens, as the processor does for the model's input."""
+    return list(processor(text=[text], images=[list(images)], add_special_tokens=False)["input_ids"][0])
+
+
+def drop_images(messages: list[dict]) -> list[dict]:
+    """The messages with their image parts removed (a text-only control on the same prompts)."""
+    out = []
+    for msg in messages:
+        if isinstance(msg["content"], list):
+            parts = [p for p in msg["content"] if p["type"] != "image"]
+            msg = {**msg, "content": "".join(p["text"] for p in parts)}
+        out.append(msg)
+    return out
