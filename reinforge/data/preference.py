@@ -28,9 +28,11 @@ def prompts_with_images(rows: list[dict], tokenizer, path: str, max_pixels: int)
         if image_row is None:
             prompts.append(render_prompt(row.get("prompt"), tok, path, i, "prompt"))
         else:
-            require_processor(tokenizer, path, i, "prompt")
             visual[i] = image_row
-            prompts.append(render_messages(tokenizer, image_row[0], path, i, "prompt"))
+            prompts.append(None)  # rendered below, once every row's images passed their checks
+    for i, (messages, _) in visual.items():
+        require_processor(tokenizer, path, i, "prompt")
+        prompts[i] = render_messages(tokenizer, messages, path, i, "prompt")
     ids = encode(tok, prompts)
     for i, (_, images) in visual.items():
         ids[i] = encode_with_images(tokenizer, prompts[i], images)

@@ -84,9 +84,8 @@ class RLDataset(ItemsDataset):
                 texts.append(render_prompt(row.get(prompt_key), text_tokenizer(tokenizer), self.path, i, prompt_key,
                                            schemas))
             else:
-                require_processor(tokenizer, self.path, i, prompt_key)
                 visual[i] = image_row
-                texts.append(render_messages(tokenizer, image_row[0], self.path, i, prompt_key))
+                texts.append(None)  # rendered below, once every row's images passed their checks
             gt, gt_col = _ground_truth(row, self.path, i, require_ground_truth)
             source = row.get("data_source")
             if source is not None and not isinstance(source, str):
@@ -96,6 +95,9 @@ class RLDataset(ItemsDataset):
             extra = {k: v for k, v in row.items() if k not in skip}
             extra["data_source"] = source or default_source
             meta.append((gt, extra))
+        for i, (messages, _) in visual.items():
+            require_processor(tokenizer, self.path, i, prompt_key)
+            texts[i] = render_messages(tokenizer, messages, self.path, i, prompt_key)
         self.num_skipped = 0
         self.items: list[dict] = []
         all_ids = encode(text_tokenizer(tokenizer), texts)
