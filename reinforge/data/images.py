@@ -67,12 +67,21 @@ def base_dir(path: str) -> str | None:
     return os.path.abspath(folder[0] if folder else os.path.dirname(os.path.abspath(path)))
 
 
-def _open(value: Any, root: str | None, where) -> "Any":
-    """A PIL image from one image value (see the module's doc), fully decoded, in RGB."""
+def _too_big(image, max_pixels: int, where) -> None:
+    w, h = image.size
+    if w * h > max_pixels:
+        raise where(f"image is {w}x{h} = {w * h} pixels > data.max_pixels={max_pixels} "
+                    "(shrink the images, or raise data.max_pixels)")
+
+
+def _open(value: Any, root: str | None, where, max_pixels: int) -> "Any":
+    """A PIL image from one image value (see the module's doc), fully decoded, in RGB; its size
+    is checked against `max_pixels` from the header, before its pixels are decoded."""
     from PIL import Image
 
     if isinstance(value, Image.Image):
         image = value
+        _too_big(image, max_pixels, where)
     else:
         data, file = value, None
         if isinstance(value, dict):
@@ -94,8 +103,12 @@ def _open(value: Any, root: str | None, where) -> "Any":
                 data = f.read()
         try:
             image = Image.open(io.BytesIO(bytes(data)))
-            image.load()  # decode now: a truncated file fails here, not in the middle of a rollout
         except Exception as exc:  # Pillow raises UnidentifiedImageError, OSError, SyntaxError, ...
+            raise where(f"unreadable image ({type(exc).__name__}: {exc})") from None
+        _too_big(image, max_pixels, where)
+        try:
+            image.load()  # decode now: a truncated file fails here, not in the middle of a rollout
+        except Exception as exc:
             raise where(f"unreadable image ({type(exc).__name__}: {exc})") from None
     return image if image.mode == "RGB" else image.convert("RGB")
 
@@ -117,12 +130,7 @@ def decode_images(row: dict, path: str, i: int, *, root: str | None, max_pixels:
         def where(message, field=field):
             return row_error(path, i, field, message)
 
-        image = _open(item, root, where)
-        w, h = image.size
-        if w * h > max_pixels:
-            raise where(f"image is {w}x{h} = {w * h} pixels > data.max_pixels={max_pixels} "
-                        "(shrink the images, or raise data.max_pixels)")
-        images.append(image)
+        images.append(_open(item, root, where, max_pixels))
     return column, images
 
 

@@ -139,6 +139,9 @@ def test_hub_dataset_with_images_offline(tmp_path, monkeypatch):
     ({"prompt": "<image>x", "images": []}, "field 'images': empty list of images"),
     ({"prompt": "<image>x", "images": [png(picture()), png(Image.new("RGB", (101, 100)))]},
      "field 'images[1]': image is 101x100 = 10100 pixels > data.max_pixels=10000 (shrink the images"),
+    # the budget is checked from the header, before any pixel is decoded (this one is truncated)
+    ({"prompt": "<image>x", "images": [png(Image.new("RGB", (200, 200)))[:60]]},
+     "field 'images[0]': image is 200x200 = 40000 pixels > data.max_pixels=10000"),
 ])
 def test_row_errors_name_file_row_and_field(row, message):
     with pytest.raises(DataError) as err:
