@@ -110,7 +110,9 @@ class RLDataset(ItemsDataset):
                     raise row_error(
                         self.path, i, prompt_key,
                         f"prompt has {len(ids)} tokens > {length_key}={max_prompt_length} "
-                        + ("(raise it, or set data.overlong_prompt=skip or truncate_left)"
+                        + ("(raise it; an image prompt is never truncated, data.overlong_prompt=skip drops it)"
+                           if i in visual and length_key.startswith("data.")
+                           else "(raise it, or set data.overlong_prompt=skip or truncate_left)"
                            if length_key.startswith("data.") else "(raise it)"),
                     )
                 if overlong_prompt == "skip":
