@@ -113,6 +113,26 @@ def _broken_copy(src: str, dst: Path, edit) -> str:
     return str(dst)
 
 
+def _image_files(root: Path) -> None:
+    """Image rows (issue 25), each file with one thing wrong (img_ok: nothing) and ok.png beside them."""
+    import io
+
+    from PIL import Image
+
+    from reinforge.data import write_rows
+
+    Image.new("RGB", (20, 20), (200, 0, 0)).save(root / "ok.png")
+    row = {"prompt": [{"role": "user", "content": "<image>How many?"}], "images": ["ok.png"], "ground_truth": "1"}
+    for name, change in (("img_ok", {}), ("img_missing", {"images": ["absent.png"]}),
+                         ("img_count", {"prompt": [{"role": "user", "content": "<image><image>How many?"}]})):
+        (root / f"{name}.jsonl").write_text(json.dumps(row) + "\n" + json.dumps({**row, **change}) + "\n")
+    buf = io.BytesIO()
+    Image.new("RGB", (20, 20)).save(buf, format="PNG")
+    write_rows([{**row, "images": [{"bytes": buf.getvalue(), "path": None}]},
+                {**row, "images": [{"bytes": b"GIF89a but not really", "path": None}]}], str(root / "img_bad.parquet"))
+    (root / "img_sft.jsonl").write_text(json.dumps({**row, "response": "1"}) + "\n")
+
+
 @pytest.fixture(scope="module")
 def inp(tmp_path_factory, tiny_model_dir, arith_data) -> SimpleNamespace:
     """Paths of the good inputs, their broken variants, and the base argument lists."""
@@ -136,6 +156,7 @@ def inp(tmp_path_factory, tiny_model_dir, arith_data) -> SimpleNamespace:
     # The character tokenizer has no token for a CJK character: the prompt encodes to nothing.
     (root / "zero.jsonl").write_text('{"prompt": "1+2=", "ground_truth": "3"}\n{"prompt": "\u4e2d", "ground_truth": "4"}\n')
     (root / "noprompt.jsonl").write_text('{"question": "1+2=", "ground_truth": "3"}\n')
+    _image_files(root)
     p.rl = ["train", *rl_overrides(tiny_model_dir, arith_data, run, **{"trainer.device": "cpu"})]
     sup = [f"model.path={tiny_model_dir}", f"trainer.run_dir={run}", "trainer.device=cpu"]
     p.sft = ["sft", *sup, f"data.train_files=[{arith_data['sft']}]"]
@@ -164,8 +185,8 @@ CASES = [
     ("yaml_syntax_error", lambda p: ["train", "--config", f"{p.root}/bad.yaml", *p.rl[1:]],
      "bad.yaml: line 4, column 6: YAML syntax error: expected ',' or ']'"),
     ("data_make_unknown_task", lambda p: ["data", "make", "arithmetc", "--out", f"{p.run}"],
-     "unknown task 'arithmetc'; did you mean 'arithmetic'? available: arithmetic, calculator, countdown, "
-     "guess_number, long_addition"),
+     "unknown task 'arithmetc'; did you mean 'arithmetic'? available: arithmetic, calculator, count_shapes, "
+     "countdown, guess_number, long_addition"),
     # (an option after --out reaches the task too)
     ("data_make_unknown_option", lambda p: ["data", "make", "arithmetic", "--out", f"{p.run}", "digitz=2"],
      "task 'arithmetic' has no option 'digitz'; did you mean 'digits'? options: digits=2, ops='+'"),
@@ -198,6 +219,20 @@ CASES = [
     ("eval_reward_typo", lambda p: ["eval", "--model", p.model, "--data", p.data["test"], "--reward", "exact_mtch"],
      "--reward: unknown reward 'exact_mtch'; did you mean 'exact_match'?"),
     ("report_not_a_run_dir", lambda p: ["report", f"{p.root}/nowhere"], "{root}/nowhere' is not a run directory"),
+    # issue 25: image rows, refused when the data loads (before the model)
+    ("image_bytes_unreadable", lambda p: [*p.rl, f"data.train_files=[{p.root}/img_bad.parquet]"],
+     "img_bad.parquet: row 1: field 'images[0]': unreadable image (UnidentifiedImageError"),
+    ("image_path_missing", lambda p: [*p.rl, f"data.train_files=[{p.root}/img_missing.jsonl]"],
+     "img_missing.jsonl: row 1: field 'images[0]': image file {root}/absent.png not found"),
+    ("image_placeholder_count", lambda p: [*p.rl, f"data.train_files=[{p.root}/img_count.jsonl]"],
+     "img_count.jsonl: row 1: field 'prompt': the prompt has 2 image placeholder(s)"),
+    ("image_over_pixel_budget", lambda p: [*p.rl, f"data.train_files=[{p.root}/img_ok.jsonl]", "data.max_pixels=399"],
+     "img_ok.jsonl: row 0: field 'images[0]': image is 20x20 = 400 pixels > data.max_pixels=399"),
+    ("image_over_pixel_budget_sft", lambda p: [*p.sft, f"data.train_files=[{p.root}/img_sft.jsonl]",
+                                               "data.max_pixels=399"],
+     "img_sft.jsonl: row 0: field 'images[0]': image is 20x20 = 400 pixels > data.max_pixels=399"),
+    ("image_rows_text_model", lambda p: [*p.rl, f"data.train_files=[{p.root}/img_ok.jsonl]"],
+     "img_ok.jsonl: row 0: field 'prompt': the row has images but the model has no image processor"),
     ("lora_target_typo", lambda p: [*p.rl, "model.lora_rank=4", "model.lora_target_modules=[q_proj, nope_proj]"],
      "model.lora_target_modules: ['nope_proj'] match no module of model.path="),
 ]

@@ -59,6 +59,10 @@ class PrefDataConfig:
     """Pairs per optimizer step (each pair is two sequences)."""
     seed: int = 1
     """Shuffling seed for the pair order and the held-out split."""
+    max_pixels: int = 12845056
+    """Largest image (width * height pixels) an image row may hold; a larger one is refused
+    when the data loads, naming file, row and field. The default is the Qwen2-VL image
+    processor's own budget (16384 patches of 28x28 pixels)."""
 
 
 @dataclass

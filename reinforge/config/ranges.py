@@ -34,7 +34,7 @@ RANGES: dict[str, dict[str, str]] = {
     # reinforge/config/schema.py (RL)
     "ModelConfig": dict(logprob_chunk_size=COUNT, lora_rank=COUNT, lora_alpha=POS, memory_budget_gb=NONNEG),
     "DataConfig": dict(max_prompt_length=SIZE, train_batch_size=SIZE, val_batch_size=SIZE, max_val_samples=SIZE,
-                       seed=COUNT),
+                       seed=COUNT, max_pixels=SIZE),
     "RolloutConfig": dict(n=SIZE, temperature=POS, top_p=PROB, top_k=COUNT, max_response_length=SIZE,
                           micro_batch_size=SIZE, val_n=SIZE, val_temperature=POS, gpu_memory_utilization=PROB,
                           tis_cap=POS, staleness=COUNT, stream_prompts=COUNT, max_turns=SIZE),
@@ -55,11 +55,11 @@ RANGES: dict[str, dict[str, str]] = {
                           log_samples_every=COUNT),
     "TeacherConfig": dict(coef=NONNEG, beta=UNIT, task_reward_weight=NONNEG),
     # reinforge/config/sft.py
-    "SFTDataConfig": dict(max_length="[2, inf)", batch_size=SIZE, seed=COUNT),
+    "SFTDataConfig": dict(max_length="[2, inf)", batch_size=SIZE, seed=COUNT, max_pixels=SIZE),
     "SFTEvalConfig": dict(pass_k="each [1, inf)"),
     # reinforge/config/preference.py
     "PrefDataConfig": dict(val_fraction="[0, 1)", max_val_pairs=SIZE, max_length="[2, inf)", batch_size=SIZE,
-                           seed=COUNT),
+                           seed=COUNT, max_pixels=SIZE),
     "DPOParams": dict(beta=POS, label_smoothing="[0, 0.5)", nll_coef=NONNEG, simpo_gamma=NONNEG,
                       desirable_weight=NONNEG, undesirable_weight=NONNEG),
     "RMParams": dict(center_rewards_coef=NONNEG),

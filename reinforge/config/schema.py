@@ -77,6 +77,10 @@ class DataConfig:
     the cost of one or two training steps; the standard error of an accuracy is then <= 4.4 points."""
     seed: int = 1
     """Shuffling seed for the prompt loader."""
+    max_pixels: int = 12845056
+    """Largest image (width * height pixels) an image row may hold; a larger one is refused
+    when the data loads, naming file, row and field. The default is the Qwen2-VL image
+    processor's own budget (16384 patches of 28x28 pixels)."""
 
 
 @dataclass

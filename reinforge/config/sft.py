@@ -31,6 +31,10 @@ class SFTDataConfig:
     """Concatenate examples into rows of max_length tokens; attention never crosses examples."""
     seed: int = 1
     """Shuffling seed for the example order."""
+    max_pixels: int = 12845056
+    """Largest image (width * height pixels) an image row may hold; a larger one is refused
+    when the data loads, naming file, row and field. The default is the Qwen2-VL image
+    processor's own budget (16384 patches of 28x28 pixels)."""
 
 
 @dataclass

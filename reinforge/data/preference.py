@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from reinforge.data.images import (DEFAULT_MAX_PIXELS, base_dir, encode_with_images, has_images, image_prompt,
+                                   render_messages, require_processor, text_tokenizer)
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.sft import collate_sft
 from reinforge.data.text import encode, nonempty_ids, render_prompt, response_text
@@ -15,6 +17,28 @@ if TYPE_CHECKING:  # torch is imported where a batch is built, not at package im
 PREF_OVERLONG = ("error", "skip")
 
 
+def prompts_with_images(rows: list[dict], tokenizer, path: str, max_pixels: int) -> tuple[list[str], dict, list]:
+    """Each row's prompt text, the canonical (messages, images) of its image rows by row, and
+    each prompt's token ids (image tokens expanded): the prompt side of both preference datasets
+    (reinforge.data.images; image rows need a processor as `tokenizer`)."""
+    root = base_dir(path) if has_images(rows) else None
+    tok, prompts, visual = text_tokenizer(tokenizer), [], {}
+    for i, row in enumerate(rows):
+        image_row = image_prompt(row, path, i, "prompt", root=root, max_pixels=max_pixels) if root else None
+        if image_row is None:
+            prompts.append(render_prompt(row.get("prompt"), tok, path, i, "prompt"))
+        else:
+            visual[i] = image_row
+            prompts.append(None)  # rendered below, once every row's images passed their checks
+    for i, (messages, _) in visual.items():
+        require_processor(tokenizer, path, i, "prompt")
+        prompts[i] = render_messages(tokenizer, messages, path, i, "prompt")
+    ids = encode(tok, prompts)
+    for i, (_, images) in visual.items():
+        ids[i] = encode_with_images(tokenizer, prompts[i], images)
+    return prompts, visual, nonempty_ids(ids, path, "prompt")
+
+
 class PreferenceDataset(ItemsDataset):
     """Items {"prompt_text": str, "prompt_ids", "chosen_ids", "rejected_ids": list[int]}.
 
@@ -22,24 +46,27 @@ class PreferenceDataset(ItemsDataset):
     message's content is the response). Both responses end with eos. Rows with a missing
     field, an empty response or chosen == rejected raise DataError naming file, row and field:
     an identical pair carries no preference and would silently give a zero DPO gradient.
+    Image rows (reinforge.data.images) also hold "prompt_messages" and "images".
     """
 
-    def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error"):
+    def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error",
+                 max_pixels: int = DEFAULT_MAX_PIXELS):
         if overlong not in PREF_OVERLONG:
             raise ValueError(f"overlong must be one of {PREF_OVERLONG}, got {overlong!r}")
-        rows = self._read(path, tokenizer, need_eos=True)
+        rows = self._read(path, text_tokenizer(tokenizer), need_eos=True)
         require_columns(rows, self.path, ("prompt", "chosen", "rejected"),
                         "a preference file has prompt, chosen and rejected columns")
-        prompts, chosen, rejected = [], [], []
+        prompts, visual, p_ids = prompts_with_images(rows, tokenizer, self.path, max_pixels)
+        tokenizer = text_tokenizer(tokenizer)
+        chosen, rejected = [], []
         for i, row in enumerate(rows):
-            prompts.append(render_prompt(row.get("prompt"), tokenizer, self.path, i, "prompt"))
             chosen.append(response_text(row.get("chosen"), self.path, i, "chosen"))
             rejected.append(response_text(row.get("rejected"), self.path, i, "rejected"))
             if chosen[-1].strip() == rejected[-1].strip():
                 raise row_error(self.path, i, "rejected", "identical to 'chosen'")
         eos = tokenizer.eos_token_id
-        p_ids, c_ids, r_ids = (nonempty_ids(encode(tokenizer, texts), self.path, field)
-                               for texts, field in ((prompts, "prompt"), (chosen, "chosen"), (rejected, "rejected")))
+        c_ids, r_ids = (nonempty_ids(encode(tokenizer, texts), self.path, field)
+                        for texts, field in ((chosen, "chosen"), (rejected, "rejected")))
         self.items, self.num_skipped = [], 0
         for i, (text, p, c, r) in enumerate(zip(prompts, p_ids, c_ids, r_ids)):
             longest = len(p) + max(len(c), len(r)) + 1
@@ -50,6 +77,8 @@ class PreferenceDataset(ItemsDataset):
                 self.num_skipped += 1
                 continue
             self.items.append({"prompt_text": text, "prompt_ids": p, "chosen_ids": c + [eos], "rejected_ids": r + [eos]})
+            if i in visual:
+                self.items[-1]["prompt_messages"], self.items[-1]["images"] = visual[i]
         if not self.items:
             raise DataError(f"{file_label(self.path)}: no pair fits data.max_length={max_length}")
 
@@ -85,18 +114,21 @@ class UnpairedPreferenceDataset(ItemsDataset):
     prompt/chosen/rejected pairs, each split into a desirable and an undesirable item (as TRL
     unpairs them for KTO). Completions may be text or message lists and end with eos; a missing
     or empty field, or a non-boolean label, raises DataError naming file, row and field.
+    Image rows (reinforge.data.images) also hold "prompt_messages" and "images".
     """
 
-    def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error"):
+    def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error",
+                 max_pixels: int = DEFAULT_MAX_PIXELS):
         if overlong not in PREF_OVERLONG:
             raise ValueError(f"overlong must be one of {PREF_OVERLONG}, got {overlong!r}")
-        rows = self._read(path, tokenizer, need_eos=True)
+        rows = self._read(path, text_tokenizer(tokenizer), need_eos=True)
         paired = not any("completion" in row for row in rows)
         fields = ("chosen", "rejected") if paired else ("completion",)
         require_columns(rows, self.path, ("prompt", *fields) if paired else ("prompt", "completion", "label"),
                         "an unpaired preference file has prompt, completion and label columns "
                         "(or prompt, chosen and rejected)")
-        prompts = [render_prompt(row.get("prompt"), tokenizer, self.path, i, "prompt") for i, row in enumerate(rows)]
+        prompts, visual, p_ids = prompts_with_images(rows, tokenizer, self.path, max_pixels)
+        tokenizer = text_tokenizer(tokenizer)
         # Per field: (token ids of each row's completion, each row's label).
         columns = []
         for field in fields:
@@ -104,7 +136,6 @@ class UnpairedPreferenceDataset(ItemsDataset):
             labels = ([field == "chosen"] * len(rows) if paired
                       else [_label(row.get("label"), self.path, i) for i, row in enumerate(rows)])
             columns.append((field, nonempty_ids(encode(tokenizer, texts), self.path, field), labels))
-        p_ids = nonempty_ids(encode(tokenizer, prompts), self.path, "prompt")
         eos = tokenizer.eos_token_id
         self.items, self.num_skipped = [], 0
         for i, (text, p) in enumerate(zip(prompts, p_ids)):
@@ -118,6 +149,8 @@ class UnpairedPreferenceDataset(ItemsDataset):
                     continue
                 self.items.append({"prompt_text": text, "prompt_ids": p, "completion_ids": c + [eos],
                                    "label": labels[i]})
+                if i in visual:
+                    self.items[-1]["prompt_messages"], self.items[-1]["images"] = visual[i]
         if not self.items:
             raise DataError(f"{file_label(self.path)}: no completion fits data.max_length={max_length}")
 

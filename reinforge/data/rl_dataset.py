@@ -5,6 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from reinforge.data.hf_datasets import source_name
+from reinforge.data.images import (DEFAULT_MAX_PIXELS, IMAGE_COLUMNS, base_dir, encode_with_images, has_images,
+                                   image_prompt, render_messages, require_processor, text_tokenizer)
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.text import encode, nonempty_ids, render_prompt
 
@@ -44,6 +46,13 @@ class RLDataset(ItemsDataset):
     set max_prompt_length, named in the errors (SFT/DPO eval prompts: eval.max_prompt_length).
     `tools(row's tools column or None) -> [OpenAI tool schema]`: the tools a message prompt is
     rendered with (rollout.tool_parser=hermes; reinforge.agents.loop.prompt_tools).
+
+    Image rows (veRL's or TRL's schema, reinforge.data.images) need a processor as `tokenizer`;
+    their items also hold "prompt_messages" and "images", the canonical (messages, PIL RGB
+    images) of the prompt, and their prompt_ids have each image's tokens expanded (so
+    max_prompt_length counts them). An image over `max_pixels` (data.max_pixels), an unreadable
+    one or a placeholder count that does not match the images is a DataError naming the row.
+    An image prompt is never truncated: "truncate_left" treats it as "error".
     """
 
     def __init__(
@@ -57,46 +66,66 @@ class RLDataset(ItemsDataset):
         require_ground_truth: bool = True,
         length_key: str = "data.max_prompt_length",
         tools=None,
+        max_pixels: int = DEFAULT_MAX_PIXELS,
     ):
         if overlong_prompt not in OVERLONG_POLICIES:
             raise ValueError(f"overlong_prompt must be one of {OVERLONG_POLICIES}, got {overlong_prompt!r}")
         rows = self._read(path)
         require_columns(rows, self.path, (prompt_key,), "set data.prompt_key to the prompt column")
         default_source = source_name(self.path)
+        root = base_dir(self.path) if has_images(rows) else None
         # Validate every row before tokenizing anything, so a bad row 90,000 fails in seconds.
-        texts, meta = [], []
+        texts, meta, visual = [], [], {}
         for i, row in enumerate(rows):
             schemas = tools(row.get("tools")) if tools is not None else None
-            texts.append(render_prompt(row.get(prompt_key), tokenizer, self.path, i, prompt_key, schemas))
+            image_row = image_prompt(row, self.path, i, prompt_key, root=root, max_pixels=max_pixels) \
+                if root is not None else None
+            if image_row is None:
+                texts.append(render_prompt(row.get(prompt_key), text_tokenizer(tokenizer), self.path, i, prompt_key,
+                                           schemas))
+            else:
+                visual[i] = image_row
+                texts.append(None)  # rendered below, once every row's images passed their checks
             gt, gt_col = _ground_truth(row, self.path, i, require_ground_truth)
             source = row.get("data_source")
             if source is not None and not isinstance(source, str):
                 raise row_error(self.path, i, "data_source", f"expected a string, got {type(source).__name__}")
-            skip = {prompt_key, "reward_model", gt_col, *REWARD_ARGS}
+            # The images stay out of the reward's keyword arguments (they travel to reward workers).
+            skip = {prompt_key, "reward_model", gt_col, *REWARD_ARGS, *(IMAGE_COLUMNS if i in visual else ())}
             extra = {k: v for k, v in row.items() if k not in skip}
             extra["data_source"] = source or default_source
             meta.append((gt, extra))
+        for i, (messages, _) in visual.items():
+            require_processor(tokenizer, self.path, i, prompt_key)
+            texts[i] = render_messages(tokenizer, messages, self.path, i, prompt_key)
         self.num_skipped = 0
         self.items: list[dict] = []
-        all_ids = nonempty_ids(encode(tokenizer, texts), self.path, prompt_key)
+        all_ids = encode(text_tokenizer(tokenizer), texts)
+        for i, (messages, images) in visual.items():
+            all_ids[i] = encode_with_images(tokenizer, texts[i], images)
+        all_ids = nonempty_ids(all_ids, self.path, prompt_key)
         for i, (text, ids, (gt, extra)) in enumerate(zip(texts, all_ids, meta)):
             if len(ids) > max_prompt_length:
-                if overlong_prompt == "error":
+                if overlong_prompt == "error" or (i in visual and overlong_prompt == "truncate_left"):
                     raise row_error(
                         self.path, i, prompt_key,
                         f"prompt has {len(ids)} tokens > {length_key}={max_prompt_length} "
-                        + ("(raise it, or set data.overlong_prompt=skip or truncate_left)"
+                        + ("(raise it; an image prompt is never truncated, data.overlong_prompt=skip drops it)"
+                           if i in visual and length_key.startswith("data.")
+                           else "(raise it, or set data.overlong_prompt=skip or truncate_left)"
                            if length_key.startswith("data.") else "(raise it)"),
                     )
                 if overlong_prompt == "skip":
                     self.num_skipped += 1
                     continue
                 ids = ids[-max_prompt_length:]
-                text = tokenizer.decode(ids)
+                text = text_tokenizer(tokenizer).decode(ids)
             self.items.append(
                 {"prompt_text": text, "prompt_ids": list(ids), "ground_truth": gt,
                  "data_source": extra["data_source"], "extra": extra, "index": i}
             )
+            if i in visual:
+                self.items[-1]["prompt_messages"], self.items[-1]["images"] = visual[i]
         if not self.items:
             raise DataError(f"{file_label(self.path)}: every prompt is longer than "
                             f"{length_key}={max_prompt_length} tokens")

@@ -8,6 +8,11 @@
 | `messages` (TRL conversational language modelling) | each assistant turn after the first message |
 
 An assistant turn's target is its content and the template's end-of-turn (reinforge.data.chat_turns).
+
+Image rows (an `images` or `image` column, reinforge.data.images) take `prompt` plus a text
+`response` or `completion` (or a completion of one assistant message), and a processor as the
+tokenizer; their items also hold "prompt_messages" and "images", and their prompt tokens have
+each image's tokens expanded.
 """
 
 from __future__ import annotations
@@ -15,6 +20,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from reinforge.data.chat_turns import assistant_turns
+from reinforge.data.images import (DEFAULT_MAX_PIXELS, base_dir, encode_with_images, has_images, image_prompt,
+                                   render_messages, require_processor, text_tokenizer)
 from reinforge.models.padding import pad
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.text import check_messages, encode, render_prompt, response_text
@@ -51,6 +58,18 @@ def row_pieces(row: dict, tokenizer, path: str, i: int) -> tuple[list[tuple[str,
     return [(prompt, False), (response_text(row.get(target), path, i, target), True)], "prompt", target
 
 
+def image_row_pieces(row: dict, image_row: tuple, tokenizer, path: str, i: int) -> tuple[list, str, str]:
+    """row_pieces of an image row: its canonical prompt rendered, then the response (the text,
+    or the one assistant message, of `response` or `completion`) as the target."""
+    require_processor(tokenizer, path, i, "prompt")
+    target = "completion" if row.get("completion") is not None else "response"
+    value = row.get(target)
+    if isinstance(value, (list, tuple)) and len(value) != 1:
+        raise row_error(path, i, target, "an image row's completion is a text or one assistant message")
+    prompt = render_messages(tokenizer, image_row[0], path, i, "prompt")
+    return [(prompt, False), (response_text(value, path, i, target), True)], "prompt", target
+
+
 def fit_length(ids: list[int], mask: list[int], max_length: int, policy: str, path: str, i: int,
                field: str):
     """Apply the overlong policy; returns (ids, mask) or None to skip the row."""
@@ -73,18 +92,32 @@ class SFTDataset(ItemsDataset):
     with next-token logits the trainer uses loss_mask[:, 1:] against input_ids[:, 1:].
     """
 
-    def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error"):
+    def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error",
+                 max_pixels: int = DEFAULT_MAX_PIXELS):
         if overlong not in SFT_OVERLONG:
             raise ValueError(f"overlong must be one of {SFT_OVERLONG}, got {overlong!r}")
-        rows = self._read(path, tokenizer, need_eos=True)
+        tok = text_tokenizer(tokenizer)
+        rows = self._read(path, tok, need_eos=True)
         if not any("messages" in row for row in rows):
             target = "completion" if any("completion" in row for row in rows) else "response"
             require_columns(rows, self.path, ("prompt", target),
                             "an SFT file has prompt and response (or completion) columns, or messages")
-        rows_pieces = [row_pieces(row, tokenizer, self.path, i) for i, row in enumerate(rows)]
+        root = base_dir(self.path) if has_images(rows) else None
+        visual = {}
+        for i, row in enumerate(rows):
+            if root is not None and (image_row := image_prompt(row, self.path, i, "prompt", root=root,
+                                                               max_pixels=max_pixels)) is not None:
+                visual[i] = image_row
+        rows_pieces = [image_row_pieces(row, visual[i], tokenizer, self.path, i) if i in visual
+                       else row_pieces(row, tok, self.path, i) for i, row in enumerate(rows)]
         # One tokenizer call for every piece of every row (fast tokenizers batch in Rust).
-        flat = encode(tokenizer, [text for pieces, _, _ in rows_pieces for text, _ in pieces])
-        eos = tokenizer.eos_token_id
+        flat = encode(tok, [text for pieces, _, _ in rows_pieces for text, _ in pieces])
+        starts = [0]
+        for pieces, _, _ in rows_pieces:
+            starts.append(starts[-1] + len(pieces))
+        for i, (messages, images) in visual.items():  # the prompt piece, its image tokens expanded
+            flat[starts[i]] = encode_with_images(tokenizer, rows_pieces[i][0][0][0], images)
+        eos = tok.eos_token_id
         self.items, self.num_skipped, at = [], 0, 0
         for i, (pieces, context_field, target_field) in enumerate(rows_pieces):
             ids, mask = [], []
@@ -103,6 +136,8 @@ class SFTDataset(ItemsDataset):
                 self.num_skipped += 1
                 continue
             self.items.append({"input_ids": fitted[0], "loss_mask": fitted[1]})
+            if i in visual:
+                self.items[-1]["prompt_messages"], self.items[-1]["images"] = visual[i]
         if not self.items:
             raise DataError(f"{file_label(self.path)}: no row fits data.max_length={max_length}")
 

@@ -5,7 +5,10 @@
     # -> {"train": .../train.parquet, "test": ..., "sft": ..., "prefs": ..., "meta": .../task.json}
 
 RL rows follow veRL's schema with a plain-text prompt: data_source, prompt, ability,
-reward_model {"style": "rule", "ground_truth"}, extra_info {"split", "index"}.
+reward_model {"style": "rule", "ground_truth"}, extra_info {"split", "index"}. A visual task's
+rows (count_shapes) follow veRL's multimodal schema instead: the prompt is one user message whose
+text starts with an `<image>` placeholder per image, and `images` holds [{"bytes": PNG, "path": None}]
+(every row file: train, test, sft, prefs).
 """
 
 from __future__ import annotations
@@ -22,13 +25,14 @@ from reinforge.data.preprocess import rl_row
 from reinforge.tasks.arithmetic import make_arithmetic
 from reinforge.tasks.base import Example, Task
 from reinforge.tasks.calculator import make_calculator
+from reinforge.tasks.count_shapes import make_count_shapes
 from reinforge.tasks.countdown import make_countdown, score_countdown
 from reinforge.tasks.guess_number import make_guess_number
 from reinforge.tasks.long_addition import make_long_addition
 
 TASKS: dict[str, Callable[..., Task]] = {
     "arithmetic": make_arithmetic, "countdown": make_countdown, "long_addition": make_long_addition,
-    "calculator": make_calculator, "guess_number": make_guess_number,
+    "calculator": make_calculator, "guess_number": make_guess_number, "count_shapes": make_count_shapes,
 }
 
 __all__ = [
@@ -69,8 +73,25 @@ def get_task(name: str, **task_kwargs) -> Task:
         raise DataError(str(exc)) from None
 
 
-def _draw_unique(task: Task, rng: random.Random, n: int, exclude: set[str]) -> list[Example]:
-    """`n` examples with distinct prompts not in `exclude`, drawn in rng order."""
+def _key(ex: Example) -> tuple:
+    """What makes two examples the same problem: the prompt text and the images (a visual task's
+    prompts all have the same text)."""
+    return ex.prompt, ex.images
+
+
+def _prompt_columns(ex: Example) -> dict[str, Any]:
+    """The prompt of a row: plain text, or for an example with images veRL's multimodal form,
+    one user message with an `<image>` placeholder per image, and the `images` column."""
+    if not ex.images:
+        return {"prompt": ex.prompt}
+    from reinforge.data.images import IMAGE_PLACEHOLDER
+
+    return {"prompt": [{"role": "user", "content": IMAGE_PLACEHOLDER * len(ex.images) + ex.prompt}],
+            "images": [{"bytes": b, "path": None} for b in ex.images]}
+
+
+def _draw_unique(task: Task, rng: random.Random, n: int, exclude: set) -> list[Example]:
+    """`n` examples with distinct prompts (text and images) not in `exclude`, drawn in rng order."""
     seen, out = set(exclude), []
     attempts = 0
     while len(out) < n:
@@ -78,8 +99,8 @@ def _draw_unique(task: Task, rng: random.Random, n: int, exclude: set[str]) -> l
         if attempts > 100 * n + 10_000:
             raise ValueError(f"{task.name}: could not draw {n} distinct prompts; the task space is too small")
         ex = task.sample(rng)
-        if ex.prompt not in seen:
-            seen.add(ex.prompt)
+        if _key(ex) not in seen:
+            seen.add(_key(ex))
             out.append(ex)
     return out
 
@@ -104,23 +125,24 @@ def make_task_data(
         )
     rng = random.Random(f"reinforge-task:{name}:{seed}")  # str seeds hash the same in every process
     test = _draw_unique(task, rng, n_test, set())
-    test_prompts = {ex.prompt for ex in test}
+    test_prompts = {_key(ex) for ex in test}
     train = _draw_unique(task, rng, n_train, test_prompts)
     sft = _draw_unique(task, rng, n_sft, test_prompts)
 
     paths = {}
     for split, examples in (("train", train), ("test", test)):
-        rows = [{**rl_row(task.name, ex.prompt, task.ability, ex.ground_truth, split, i), **task.row_columns}
-                for i, ex in enumerate(examples)]
+        rows = [{**rl_row(task.name, ex.prompt, task.ability, ex.ground_truth, split, i), **_prompt_columns(ex),
+                 **task.row_columns} for i, ex in enumerate(examples)]
         paths[split] = write_rows(rows, os.path.join(out_dir, f"{split}.parquet"))
     info = [{"split": "sft", "index": i} for i in range(len(sft))]
     sft_rows = [
-        {"data_source": name, **(task.sft_row(ex) if task.sft_row else {"prompt": ex.prompt, "response": ex.answer}),
+        {"data_source": name,
+         **(task.sft_row(ex) if task.sft_row else {**_prompt_columns(ex), "response": ex.answer}),
          "ground_truth": ex.ground_truth, "extra_info": x}
         for ex, x in zip(sft, info)
     ]
     pref_rows = [
-        {"data_source": name, "prompt": ex.prompt, "chosen": ex.answer, "rejected": ex.wrong,
+        {"data_source": name, **_prompt_columns(ex), "chosen": ex.answer, "rejected": ex.wrong,
          "ground_truth": ex.ground_truth}
         for ex in sft
     ]

@@ -13,12 +13,15 @@ class Example:
 
     `answer` is a response the verifier scores 1.0; `wrong` is a plausible response it scores
     0.0 (never equal to `answer`), used as the rejected side of preference pairs.
+    `images` (a visual task's) are PNG bytes, one per image the prompt shows, in order; the rows
+    then carry them in veRL's `images` column and `<image>` placeholders (tasks.make_task_data).
     """
 
     prompt: str
     answer: str
     ground_truth: str
     wrong: str
+    images: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True)

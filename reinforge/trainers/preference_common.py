@@ -69,7 +69,7 @@ def load_pairs(plan: SupervisedPlan, tokenizer) -> tuple[PairSubset, PairSubset 
 
     def read(files, what: str, key: str):
         parts = [make_dataset(dataset_cls, data_source(f, key, rows or {}), f, tokenizer, max_length=d.max_length,
-                              overlong=d.overlong) for f in files]
+                              overlong=d.overlong, max_pixels=d.max_pixels) for f in files]
         skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
                                "data.overlong=skip")
         return [it for p in parts for it in p.items], skipped

@@ -63,7 +63,7 @@ def load_prompts(files: list[str], tokenizer, cfg: RLConfig, rows: dict | None =
         tools = prompt_tools(cfg.rollout)
     parts = [PromptDataset(data_source(f, key, rows or {}), tokenizer, name=f,
                            max_prompt_length=cfg.data.max_prompt_length, overlong_prompt=cfg.data.overlong_prompt,
-                           prompt_key=cfg.data.prompt_key, tools=tools) for f in files]
+                           prompt_key=cfg.data.prompt_key, tools=tools, max_pixels=cfg.data.max_pixels) for f in files]
     return parts[0] if len(parts) == 1 else ConcatDataset(parts)
 
 

@@ -93,7 +93,7 @@ def load_sft_data(plan: SupervisedPlan, tok) -> tuple[list[dict], list[dict], in
 
     def load(files: list, what: str, key: str) -> tuple[list[dict], int]:
         parts = [make_dataset(SFTDataset, data_source(f, key, rows or {}), f, tok, max_length=d.max_length,
-                              overlong=d.overlong) for f in files]
+                              overlong=d.overlong, max_pixels=d.max_pixels) for f in files]
         skipped = note_skipped(sum(p.num_skipped for p in parts), what, f"data.max_length={d.max_length}",
                                "data.overlong=skip")
         return [it for p in parts for it in p], skipped

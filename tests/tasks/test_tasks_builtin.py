@@ -13,9 +13,16 @@ from reinforge.tasks.guess_number import score_guess_number
 from reinforge.tasks.long_addition import score_long_addition
 
 SCORERS = {"arithmetic": score_arithmetic, "countdown": score_countdown, "long_addition": score_long_addition,
-           "calculator": score_calculator, "guess_number": score_guess_number}
+           "calculator": score_calculator, "guess_number": score_guess_number, "count_shapes": score_arithmetic}
 # Longest SFT response of each task at its default options (long_addition: 3 worked columns).
 MAX_RESPONSE = {"long_addition": 39}
+
+
+def _problem(row: dict) -> tuple:
+    """What identifies a row's problem: the prompt text (an agent task's SFT conversation: its
+    first message, tests/agents/test_calculator_task.py checks the rest) and the images' bytes."""
+    prompt = row["prompt"] if isinstance(row["prompt"], str) else row["prompt"][0]["content"]
+    return prompt, tuple(image["bytes"] for image in row.get("images") or ())
 
 
 @pytest.mark.parametrize("name", sorted(TASKS))
@@ -31,14 +38,15 @@ def test_task_data_reproducible_disjoint_and_verifiable(tmp_path, name):
     train, test = load_rows(a["train"]), load_rows(a["test"])
     sft, prefs = load_rows(a["sft"]), load_rows(a["prefs"])
     assert (len(train), len(test), len(sft), len(prefs)) == (60, 20, 30, 30)
-    test_prompts = {r["prompt"] for r in test}
-    assert not test_prompts & {r["prompt"] for r in train}
-    # agent tasks' SFT rows are conversations (tests/agents/test_calculator_task.py checks them)
-    assert not test_prompts & {r["prompt"] if isinstance(r["prompt"], str) else r["prompt"][0]["content"] for r in sft}
-    assert len({r["prompt"] for r in train}) == 60
+    test_prompts = {_problem(r) for r in test}
+    assert not test_prompts & {_problem(r) for r in train}
+    assert not test_prompts & {_problem(r) for r in sft}
+    assert len({_problem(r) for r in train}) == 60
 
     row = train[0]
-    assert row["data_source"] == name and isinstance(row["prompt"], str)
+    assert row["data_source"] == name
+    # text tasks: a plain prompt; a visual task: veRL's one user message with an <image> per image
+    assert isinstance(row["prompt"], str) or row["prompt"][0]["content"].count("<image>") == len(row["images"]) == 1
     assert row["reward_model"]["style"] == "rule" and row["extra_info"]["split"] == "train"
     score = SCORERS[name]
     for r in (r for r in sft if "response" in r):
