@@ -1,0 +1,122 @@
+"""A tiny Qwen2-VL (vision tower + language model) built from config, with a character-level
+tokenizer that knows Qwen2-VL's special tokens, and its processor, for tests and the CPU demo.
+
+`save_tiny_vlm(out)` writes a folder that `AutoProcessor` / `AutoModelForImageTextToText` load:
+the model (`Qwen2VLForConditionalGeneration`, random-initialised), the tokenizer, the image
+processor (Pillow backend: transformers' default one needs torchvision) and the chat template.
+
+Sizes (defaults): vision tower 2 blocks of width 64 on 14x14 patches, 2x2 merge; language
+model hidden 256, 4 layers, 4 heads / 2 KV heads (the tiny text model's shape); a vocabulary of
+~110 ids (printable ASCII + newline + the special tokens below), so the whole model is ~3.5M
+parameters. Images are resized by the processor to a multiple of 28 pixels between
+`min_pixels` (56x56: 4 image tokens) and `max_pixels` (default 112x112: 16 image tokens).
+
+The chat template is reinforge's own ChatML with image parts: a `{"type": "image"}` part of a
+message renders as `<|vision_start|><|image_pad|><|vision_end|>`, which the processor expands
+to one `<|image_pad|>` per merged 2x2 patch group.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+# Special tokens, in id order; pad is id 0 so zero-filled buffers are padding. <|im_end|> ends a
+# turn (EOS: the rollout stops on it).
+PAD, IM_START, IM_END, UNK = "<|endoftext|>", "<|im_start|>", "<|im_end|>", "<unk>"
+VISION_START, VISION_END, VISION_PAD, IMAGE_PAD, VIDEO_PAD = (
+    "<|vision_start|>", "<|vision_end|>", "<|vision_pad|>", "<|image_pad|>", "<|video_pad|>")
+SPECIAL_TOKENS = [PAD, IM_START, IM_END, UNK, VISION_START, VISION_END, VISION_PAD, IMAGE_PAD, VIDEO_PAD]
+# Printable ASCII (space .. ~) plus newline: each character is one token.
+CHARS = [chr(c) for c in range(32, 127)] + ["\n"]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' or 'image' in part %}<|vision_start|><|image_pad|><|vision_end|>"
+    "{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}<|im_end|>\n{% endfor %}"
+    "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+MIN_PIXELS = 56 * 56
+MAX_PIXELS = 112 * 112
+
+
+def build_vlm_tokenizer():
+    """A character-level `PreTrainedTokenizerFast` with Qwen2-VL's special tokens (left padding,
+    pad `<|endoftext|>`, EOS `<|im_end|>`, the chat template above)."""
+    from tokenizers import Tokenizer, decoders, models
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate(SPECIAL_TOKENS + CHARS)}
+    # BPE without merges or pre-tokenizer splits text into characters; special tokens are
+    # matched whole first. Fuse joins decoded pieces without spaces.
+    core = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK))
+    core.decoder = decoders.Fuse()
+    core.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(tokenizer_object=core, pad_token=PAD, eos_token=IM_END, unk_token=UNK,
+                                   padding_side="left", chat_template=CHAT_TEMPLATE,
+                                   clean_up_tokenization_spaces=False)
+
+
+def build_vlm_processor(tokenizer=None, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS):
+    """Qwen2VLProcessor = the Pillow image processor (patch 14, merge 2, temporal patch 2) +
+    `tokenizer` (default `build_vlm_tokenizer()`) + the chat template."""
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from reinforge.models.vlm_processor import processor_class
+
+    tok = tokenizer if tokenizer is not None else build_vlm_tokenizer()
+    image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
+    return processor_class()(image_processor=image_processor, tokenizer=tok, chat_template=CHAT_TEMPLATE)
+
+
+def tiny_vlm_config(tokenizer, *, hidden_size: int = 256, num_layers: int = 4, num_heads: int = 4,
+                    num_kv_heads: int = 2, intermediate_size: int = 704, vision_depth: int = 2,
+                    vision_embed_dim: int = 64, vision_heads: int = 4, max_positions: int = 512):
+    """A `Qwen2VLConfig` for `tokenizer`: mrope_section splits the head dim's rotary frequencies
+    over (temporal, height, width) in Qwen2-VL's 2:3:3 ratio."""
+    from transformers import Qwen2VLConfig
+
+    head_dim = hidden_size // num_heads
+    half = head_dim // 2
+    if head_dim % 2 or half < 4:
+        raise ValueError(f"hidden_size / num_heads must be an even head dim >= 8, got {head_dim}")
+    hw = (half * 3) // 8
+    section = [half - 2 * hw, hw, hw]
+    ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
+    text = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+                num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
+                max_position_embeddings=max_positions, rms_norm_eps=1e-6,
+                rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
+                bos_token_id=None, eos_token_id=ids[IM_END], pad_token_id=ids[PAD], tie_word_embeddings=True)
+    vision = dict(depth=vision_depth, embed_dim=vision_embed_dim, hidden_size=hidden_size, num_heads=vision_heads,
+                  mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
+    return Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
+                         video_token_id=ids[VIDEO_PAD], vision_start_token_id=ids[VISION_START],
+                         vision_end_token_id=ids[VISION_END], tie_word_embeddings=True,
+                         eos_token_id=ids[IM_END], pad_token_id=ids[PAD],
+                         architectures=["Qwen2VLForConditionalGeneration"])
+
+
+def make_tiny_vlm(out_dir: str | None = None, *, seed: int = 0, min_pixels: int = MIN_PIXELS,
+                  max_pixels: int = MAX_PIXELS, **config_kwargs):
+    """-> (model, processor): a random-initialised tiny Qwen2-VL (fp32, HF's own init drawn once
+    under `seed`) and its processor; both saved into `out_dir` when given."""
+    import torch
+    from transformers import Qwen2VLForConditionalGeneration
+
+    processor = build_vlm_processor(min_pixels=min_pixels, max_pixels=max_pixels)
+    tok = processor.tokenizer
+    config = tiny_vlm_config(tok, **config_kwargs)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = Qwen2VLForConditionalGeneration(config).float()
+    gen = model.generation_config
+    gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = None, tok.eos_token_id, tok.pad_token_id
+    if out_dir is not None:
+        Path(out_dir).mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(out_dir)
+        from reinforge.models.vlm_processor import save_processor
+
+        save_processor(processor, out_dir)
+    return model, processor
