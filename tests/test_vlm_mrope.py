@@ -151,3 +151,25 @@ def test_encoder_runs_once_per_distinct_prompt(vlm, batch):
     with torch.no_grad():
         single, _ = response_logprobs(model, ids, mask, T, vision=vision)
     torch.testing.assert_close(lp[::n], single, atol=1e-5, rtol=0)
+
+
+def test_sft_target_logprobs_of_right_padded_image_rows(vlm, batch):
+    from reinforge.models.forward import position_ids_from_mask, target_logprobs
+
+    model, _ = vlm
+    ids, mask, vision = batch
+    # right-padded: each row's real tokens moved to the front
+    lens = mask.sum(-1)
+    right = torch.zeros_like(ids)
+    rmask = torch.zeros_like(mask)
+    for b in range(3):
+        right[b, :lens[b]] = ids[b][mask[b].bool()]
+        rmask[b, :lens[b]] = 1
+    loss_mask = rmask.clone()
+    for b in range(3):
+        loss_mask[b, :lens[b] - int(mask[b, -T:].sum())] = 0  # the response tokens only
+    sft = dict(input_ids=right, attention_mask=rmask, position_ids=position_ids_from_mask(rmask), loss_mask=loss_mask)
+    with torch.no_grad():
+        got = target_logprobs(model, sft, vision=vision)
+    ref = torch.cat([_reference_logprobs(model, ids, mask, vision, b) for b in range(3)])
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)

@@ -114,15 +114,25 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 def target_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None = None,
-                    fused: bool = True) -> torch.Tensor:
+                    fused: bool = True, vision: list | None = None) -> torch.Tensor:
     """Log-probs (N,) of SFT's target tokens, N = loss_mask[:, 1:].sum(): token t+1 where
     loss_mask is 1, predicted from position t. batch: (B, L) input_ids, attention_mask (or a
     packed row's 4D mask), position_ids, loss_mask. Only the target positions go through the
-    LM head (the fused path never builds their (N, V) logits either)."""
+    LM head (the fused path never builds their (N, V) logits either). vision: a VLM's B
+    PromptImages or None; its positions (M-RoPE) replace batch's position_ids, which needs the
+    (B, L) 0/1 attention_mask of a padded batch (not a packed row's 4D mask)."""
     target = batch["loss_mask"][:, 1:].bool()  # (B, L-1)
     fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    images = None
+    if vision is not None and any(v is not None for v in vision):
+        from reinforge.models.vlm_forward import ordered_images, vlm_position_ids
+
+        if fwd["attention_mask"].dim() != 2:
+            raise ValueError("image rows need a padded (B, L) batch: packed SFT rows (4D masks) are text only")
+        fwd["position_ids"] = vlm_position_ids(model, fwd["input_ids"], fwd["attention_mask"], vision)[0]
+        images = ordered_images(vision)
     return token_logprobs(model, fwd, lambda x: x[:, :-1][target], batch["input_ids"][:, 1:][target],
-                          fused=fused, chunk_size=chunk_size)[0]
+                          fused=fused, chunk_size=chunk_size, images=images)[0]
 
 
 def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
