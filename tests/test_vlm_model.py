@@ -58,3 +58,14 @@ def test_forward_and_generate_on_cpu(folder):
         gen = model.generate(**out, max_new_tokens=3, do_sample=False)
     assert logits.shape == (1, out["input_ids"].shape[1], len(proc.tokenizer)) and torch.isfinite(logits).all()
     assert gen.shape == (1, out["input_ids"].shape[1] + 3)
+
+
+def test_qwen2_5_vl_tiny_folder(tmp_path):
+    from transformers import AutoModelForImageTextToText, Qwen2_5_VLForConditionalGeneration, Qwen2_5_VLProcessor
+
+    from reinforge.cli.main import main
+
+    out = str(tmp_path / "m")
+    assert main(["model", "--arch", "qwen2.5-vl-tiny", "--hidden", "64", "--layers", "2", out]) == 0
+    assert isinstance(load_processor(out), Qwen2_5_VLProcessor)
+    assert isinstance(AutoModelForImageTextToText.from_pretrained(out), Qwen2_5_VLForConditionalGeneration)

@@ -25,11 +25,11 @@ def _prompts():
             ([{"role": "user", "content": "text only, longer prompt"}], None)]
 
 
-@pytest.fixture(scope="module")
-def vlm():
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def vlm(request):
     from reinforge.models.vlm_tiny import make_tiny_vlm
 
-    model, proc = make_tiny_vlm(hidden_size=64, num_layers=2, seed=1)
+    model, proc = make_tiny_vlm(hidden_size=64, num_layers=2, seed=1, family=request.param)
     return model.eval(), proc
 
 

@@ -14,11 +14,11 @@ from reinforge.workers.rollout.lean import LeanRollout
 P, T, N = 40, 8, 3
 
 
-@pytest.fixture(scope="module")
-def vlm():
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def vlm(request):
     from reinforge.models.vlm_tiny import make_tiny_vlm
 
-    model, proc = make_tiny_vlm(hidden_size=64, num_layers=2, seed=2)
+    model, proc = make_tiny_vlm(hidden_size=64, num_layers=2, seed=2, family=request.param)
     return model, proc
 
 

@@ -213,14 +213,14 @@ def build_parser() -> argparse.ArgumentParser:
                                       "tokenizer (--arch), or the tiny Qwen2 with the character tokenizer (tests/demo)")
     p.add_argument("out_dir", nargs="?", default=None, help="the folder to write (or --out)")
     p.add_argument("--out", default=None)
-    p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b | qwen2-vl-tiny (reinforge model --list); "
+    p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b | qwen2-vl-tiny | qwen2.5-vl-tiny (reinforge model --list); "
                                                  "the tokenizer is fetched once into the vocab cache")
     p.add_argument("--list", action="store_true", help="list the architectures --arch knows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=0, help="a smaller width (tests): heads and MLP width follow")
     p.add_argument("--layers", type=int, default=0, help="the number of decoder layers (default: the real one)")
     p.add_argument("--max-pixels", type=int, default=0,
-                   help="qwen2-vl-tiny: the image processor's pixel budget (default 112*112 = 12544)")
+                   help="qwen2(.5)-vl-tiny: the image processor's pixel budget (default 112*112 = 12544)")
     p.set_defaults(fn=cmd_model)
     p = sub.add_parser("report", help="plots and an HTML page for a run directory")
     p.add_argument("run_dir")

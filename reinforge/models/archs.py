@@ -94,7 +94,10 @@ VLM_ARCHS: dict[str, str] = {
     "qwen2-vl-tiny": "a tiny Qwen2-VL (Qwen2VLForConditionalGeneration: 2-block vision tower, 4-layer LM, "
                      "hidden 256, ~3.3M parameters), character vocabulary with Qwen2-VL's special tokens, "
                      "images 56x56 to 112x112 pixels (4 to 16 image tokens)",
+    "qwen2.5-vl-tiny": "the same with Qwen2.5-VL's classes (Qwen2_5_VLForConditionalGeneration: windowed "
+                       "vision attention, gated vision MLP)",
 }
+_VLM_FAMILY = {"qwen2-vl-tiny": "qwen2_vl", "qwen2.5-vl-tiny": "qwen2_5_vl"}
 
 
 def _arch(name: str) -> Arch:
@@ -244,7 +247,7 @@ def save_arch(name: str, out_dir: str, layers: int | None = None, hidden: int | 
         from reinforge.models.vlm_tiny import make_tiny_vlm
 
         kw = {k: v for k, v in dict(num_layers=layers, hidden_size=hidden).items() if v}
-        return make_tiny_vlm(out_dir, seed=seed, **kw, **overrides)[0]
+        return make_tiny_vlm(out_dir, seed=seed, family=_VLM_FAMILY[name], **kw, **overrides)[0]
     model = build_model(name, layers, hidden, seed=seed, **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)

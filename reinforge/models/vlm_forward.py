@@ -84,7 +84,7 @@ def encode_images(model, images: list) -> list[torch.Tensor]:
     visual = inner.model.visual
     grad = torch.is_grad_enabled() and any(p.requires_grad for p in visual.parameters())
     with torch.set_grad_enabled(grad):
-        pv = torch.cat([v.pixel_values for v in distinct]).to(visual.get_device())
+        pv = torch.cat([v.pixel_values for v in distinct]).to(next(visual.parameters()).device)
         grid = torch.cat([v.image_grid_thw for v in distinct]).to(pv.device)
         feats = inner.model.get_image_features(pv, grid).pooler_output  # one (F_k, H) per image
     per_prompt, k = [], 0

@@ -55,7 +55,18 @@ def load_processor(folder: str):
         else "Qwen2VLProcessor"
     tok = AutoTokenizer.from_pretrained(folder)
     return processor_class(name)(image_processor=AutoImageProcessor.from_pretrained(folder), tokenizer=tok,
-                                 chat_template=tok.chat_template)
+                                 chat_template=folder_chat_template(folder) or tok.chat_template)
+
+
+def folder_chat_template(folder: str) -> str | None:
+    """The processor-level chat template of a folder (released Qwen2-VL folders keep the one
+    that knows image parts in chat_template.json; newer saves write chat_template.jinja), or None."""
+    f = Path(folder)
+    if (f / "chat_template.json").is_file():
+        return json.loads((f / "chat_template.json").read_text()).get("chat_template")
+    if (f / "chat_template.jinja").is_file():
+        return (f / "chat_template.jinja").read_text()
+    return None
 
 
 def save_processor(processor, out_dir: str) -> None:

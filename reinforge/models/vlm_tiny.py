@@ -58,24 +58,38 @@ def build_vlm_tokenizer():
                                    clean_up_tokenization_spaces=False)
 
 
-def build_vlm_processor(tokenizer=None, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS):
-    """Qwen2VLProcessor = the Pillow image processor (patch 14, merge 2, temporal patch 2) +
-    `tokenizer` (default `build_vlm_tokenizer()`) + the chat template."""
+# family -> (config class, processor class): Qwen2-VL and Qwen2.5-VL share the image processor,
+# the M-RoPE of images and the language model's layers; Qwen2.5-VL's vision tower has windowed
+# attention, RMSNorm and a gated MLP.
+FAMILIES = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLProcessor", "Qwen2VLForConditionalGeneration"),
+            "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLProcessor", "Qwen2_5_VLForConditionalGeneration")}
+
+
+def build_vlm_processor(tokenizer=None, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
+                        family: str = "qwen2_vl"):
+    """The family's processor (Qwen2VLProcessor) = the Pillow image processor (patch 14, merge 2,
+    temporal patch 2) + `tokenizer` (default `build_vlm_tokenizer()`) + the chat template."""
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from reinforge.models.vlm_processor import processor_class
 
     tok = tokenizer if tokenizer is not None else build_vlm_tokenizer()
     image_processor = Qwen2VLImageProcessorPil(min_pixels=min_pixels, max_pixels=max_pixels)
-    return processor_class()(image_processor=image_processor, tokenizer=tok, chat_template=CHAT_TEMPLATE)
+    return processor_class(FAMILIES[family][1])(image_processor=image_processor, tokenizer=tok,
+                                                chat_template=CHAT_TEMPLATE)
 
 
 def tiny_vlm_config(tokenizer, *, hidden_size: int = 256, num_layers: int = 4, num_heads: int = 4,
                     num_kv_heads: int = 2, intermediate_size: int = 704, vision_depth: int = 2,
-                    vision_embed_dim: int = 64, vision_heads: int = 4, max_positions: int = 512):
-    """A `Qwen2VLConfig` for `tokenizer`: mrope_section splits the head dim's rotary frequencies
-    over (temporal, height, width) in Qwen2-VL's 2:3:3 ratio."""
-    from transformers import Qwen2VLConfig
+                    vision_embed_dim: int = 64, vision_heads: int = 4, max_positions: int = 512,
+                    family: str = "qwen2_vl"):
+    """A `Qwen2VLConfig` (family qwen2_5_vl: `Qwen2_5_VLConfig`) for `tokenizer`: mrope_section
+    splits the head dim's rotary frequencies over (temporal, height, width) in the 2:3:3 ratio."""
+    import transformers
+
+    if family not in FAMILIES:
+        raise ValueError(f"family={family!r}: one of {', '.join(FAMILIES)}")
+    config_cls = getattr(transformers, FAMILIES[family][0])
 
     head_dim = hidden_size // num_heads
     half = head_dim // 2
@@ -91,26 +105,32 @@ def tiny_vlm_config(tokenizer, *, hidden_size: int = 256, num_layers: int = 4, n
                 bos_token_id=None, eos_token_id=ids[IM_END], pad_token_id=ids[PAD], tie_word_embeddings=True)
     vision = dict(depth=vision_depth, embed_dim=vision_embed_dim, hidden_size=hidden_size, num_heads=vision_heads,
                   mlp_ratio=2, patch_size=14, spatial_merge_size=2, temporal_patch_size=2, in_channels=3)
-    return Qwen2VLConfig(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
+    if family == "qwen2_5_vl":  # width `hidden_size`, output `out_hidden_size`; the last block full attention
+        vision = dict(depth=vision_depth, hidden_size=vision_embed_dim, out_hidden_size=hidden_size,
+                      intermediate_size=2 * vision_embed_dim, num_heads=vision_heads, patch_size=14,
+                      spatial_merge_size=2, temporal_patch_size=2, in_channels=3, window_size=56,
+                      fullatt_block_indexes=[vision_depth - 1])
+    return config_cls(text_config=text, vision_config=vision, image_token_id=ids[IMAGE_PAD],
                          video_token_id=ids[VIDEO_PAD], vision_start_token_id=ids[VISION_START],
                          vision_end_token_id=ids[VISION_END], tie_word_embeddings=True,
                          eos_token_id=ids[IM_END], pad_token_id=ids[PAD],
-                         architectures=["Qwen2VLForConditionalGeneration"])
+                         architectures=[FAMILIES[family][2]])
 
 
 def make_tiny_vlm(out_dir: str | None = None, *, seed: int = 0, min_pixels: int = MIN_PIXELS,
-                  max_pixels: int = MAX_PIXELS, **config_kwargs):
-    """-> (model, processor): a random-initialised tiny Qwen2-VL (fp32, HF's own init drawn once
-    under `seed`) and its processor; both saved into `out_dir` when given."""
+                  max_pixels: int = MAX_PIXELS, family: str = "qwen2_vl", **config_kwargs):
+    """-> (model, processor): a random-initialised tiny Qwen2-VL (family qwen2_5_vl: Qwen2.5-VL)
+    (fp32, HF's own init drawn once under `seed`) and its processor; both saved into `out_dir`
+    when given."""
     import torch
-    from transformers import Qwen2VLForConditionalGeneration
+    import transformers
 
-    processor = build_vlm_processor(min_pixels=min_pixels, max_pixels=max_pixels)
+    processor = build_vlm_processor(min_pixels=min_pixels, max_pixels=max_pixels, family=family)
     tok = processor.tokenizer
-    config = tiny_vlm_config(tok, **config_kwargs)
+    config = tiny_vlm_config(tok, family=family, **config_kwargs)
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen2VLForConditionalGeneration(config).float()
+        model = getattr(transformers, FAMILIES[family][2])(config).float()
     gen = model.generation_config
     gen.bos_token_id, gen.eos_token_id, gen.pad_token_id = None, tok.eos_token_id, tok.pad_token_id
     if out_dir is not None:

@@ -37,7 +37,7 @@ from reinforge.workers.rollout.base import RolloutCapabilities
 from reinforge.workers.rollout.decode_weights import DTYPES, cast_weights
 from reinforge.workers.rollout.hf import HFRollout
 
-SUPPORTED = ("qwen2", "qwen3", "llama", "qwen2_vl")  # qwen2_vl: its language model, images via vlm.py
+SUPPORTED = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl")  # VLMs: their language model, images via vlm.py
 LARGE_VOCAB = 1 << 16
 """Vocabularies from which sampling uses `sample_inverse_cdf` (the demo's has 99 ids)."""
 
