@@ -173,3 +173,26 @@ def test_sft_target_logprobs_of_right_padded_image_rows(vlm, batch):
         got = target_logprobs(model, sft, vision=vision)
     ref = torch.cat([_reference_logprobs(model, ids, mask, vision, b) for b in range(3)])
     torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def test_frozen_tower_features_are_kept_across_passes():
+    from reinforge.models.vlm_inputs import prompt_batch
+    from reinforge.models.vlm_tiny import make_tiny_vlm
+
+    model, proc = make_tiny_vlm(hidden_size=64, num_layers=2, seed=3)
+    out = prompt_batch(proc, _prompts(), P)
+    ids, mask, vision = out["input_ids"], out["attention_mask"], out["vision"]
+    T0 = 4
+    counter = EncoderCounter(model)
+    try:
+        model.model.visual.requires_grad_(False)
+        first, _ = response_logprobs(model, ids, mask, T0, vision=vision)  # grad enabled: the update's pass
+        assert counter.calls == 1
+        again, _ = response_logprobs(model, ids, mask, T0, vision=vision)
+        assert counter.calls == 1  # kept: no second encoding of the same prompts
+        torch.testing.assert_close(again, first, atol=0, rtol=0)
+        model.model.visual.requires_grad_(True)  # a tower that trains encodes every pass
+        response_logprobs(model, ids, mask, T0, vision=vision)
+        assert counter.calls == 2
+    finally:
+        counter.close()

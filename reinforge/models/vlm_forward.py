@@ -9,7 +9,10 @@ and go through here only when it is given, so the text path does no extra work.
   `mm_encoder_outputs` transformers' Qwen2-VL forward accepts instead of pixel_values. The
   encoder runs once on the distinct PromptImages (identity) of the call: a group's n samples
   are one encoding. With the vision tower frozen (no parameter requiring grad) it runs under
-  no_grad, so no activations are kept for it.
+  no_grad, so no activations are kept for it, and its features are kept on the PromptImages
+  (keyed by the tower, its dtype and device), so the step's later passes over the same prompts
+  (old log-probs, the reference, every micro-batch and epoch of the update) reuse the
+  rollout's encoding: once per prompt per step and tower. A tower that trains encodes anew.
 
 Shapes: B rows, L tokens, K images, F image tokens (features), H hidden.
 """
@@ -82,16 +85,36 @@ def encode_images(model, images: list) -> list[torch.Tensor]:
             first[id(v)] = len(distinct)
             distinct.append(v)
     visual = inner.model.visual
-    grad = torch.is_grad_enabled() and any(p.requires_grad for p in visual.parameters())
-    with torch.set_grad_enabled(grad):
-        pv = torch.cat([v.pixel_values for v in distinct]).to(next(visual.parameters()).device)
-        grid = torch.cat([v.image_grid_thw for v in distinct]).to(pv.device)
-        feats = inner.model.get_image_features(pv, grid).pooler_output  # one (F_k, H) per image
-    per_prompt, k = [], 0
-    for v in distinct:
-        per_prompt.append(torch.cat(feats[k:k + len(v)]))
-        k += len(v)
-    return [per_prompt[first[id(v)]] for v in images]
+    frozen = not any(p.requires_grad for p in visual.parameters())
+    param = next(visual.parameters())
+    key = (_tower_uid(visual), param.dtype, param.device)
+    todo = [v for v in distinct if not (frozen and key in v.features)]
+    if todo:
+        with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
+            pv = torch.cat([v.pixel_values for v in todo]).to(param.device)
+            grid = torch.cat([v.image_grid_thw for v in todo]).to(pv.device)
+            feats = inner.model.get_image_features(pv, grid).pooler_output  # one (F_k, H) per image
+        fresh, k = {}, 0
+        for v in todo:
+            fresh[id(v)] = torch.cat(feats[k:k + len(v)])
+            k += len(v)
+            if frozen:
+                v.features[key] = fresh[id(v)]
+    out = {id(v): v.features[key] if frozen else fresh[id(v)] for v in distinct}
+    return [out[id(v)] for v in images]
+
+
+_UIDS = iter(range(1 << 62))
+
+
+def _tower_uid(visual) -> int:
+    """A number naming this vision tower for as long as it lives (id() may be reused by a later
+    module at the same address, which would then read another tower's features)."""
+    uid = getattr(visual, "_reinforge_uid", None)
+    if uid is None:
+        uid = next(_UIDS)
+        object.__setattr__(visual, "_reinforge_uid", uid)
+    return uid
 
 
 def image_outputs(model, images: list) -> dict:

@@ -19,7 +19,7 @@ Qwen2-VL), K images.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -29,9 +29,11 @@ from reinforge.models.padding import pad
 @dataclass(frozen=True, eq=False)
 class PromptImages:
     """One prompt's images as the processor gives them: pixel_values (N, D) and image_grid_thw
-    (K, 3), the (t, h, w) patch grid of each image in order."""
+    (K, 3), the (t, h, w) patch grid of each image in order. `features`: a frozen vision
+    tower's output for them, kept by models/vlm_forward.encode_images (keyed by the tower)."""
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
+    features: dict = field(default_factory=dict, repr=False, compare=False)
 
     def __len__(self) -> int:
         return self.image_grid_thw.shape[0]
