@@ -69,3 +69,23 @@ def test_qwen2_5_vl_tiny_folder(tmp_path):
     assert main(["model", "--arch", "qwen2.5-vl-tiny", "--hidden", "64", "--layers", "2", out]) == 0
     assert isinstance(load_processor(out), Qwen2_5_VLProcessor)
     assert isinstance(AutoModelForImageTextToText.from_pretrained(out), Qwen2_5_VLForConditionalGeneration)
+
+
+def test_qwen2_vocabulary_folder(tmp_path, real_vocabs):
+    """--vocab qwen2: the released BPE vocabulary, its vision tokens at the released ids."""
+    from transformers import AutoModelForImageTextToText
+
+    from reinforge.cli.main import main
+
+    out = str(tmp_path / "m")
+    assert main(["model", "--arch", "qwen2-vl-tiny", "--vocab", "qwen2", "--hidden", "32", "--layers", "1", out]) == 0
+    proc, model = load_processor(out), AutoModelForImageTextToText.from_pretrained(out)
+    assert model.config.image_token_id == proc.image_token_id == 151655
+    assert model.config.text_config.vocab_size == 151936
+    msgs = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "Hello world"}]}]
+    text = proc.apply_chat_template(msgs, add_generation_prompt=True, tokenize=False)
+    out_ = proc(text=[text], images=[[Image.new("RGB", (56, 56))]], return_tensors="pt")
+    ids = out_["input_ids"][0].tolist()
+    assert ids.count(151655) == 4 and 151652 in ids and 151653 in ids
+    with torch.no_grad():
+        assert torch.isfinite(model(**out_).logits).all()

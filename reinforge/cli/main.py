@@ -138,9 +138,9 @@ def cmd_model(args) -> int:
         if args.arch not in ARCHS and args.arch not in VLM_ARCHS:
             raise ConfigError(f"unknown architecture {args.arch!r}; known: {', '.join([*ARCHS, *VLM_ARCHS])} "
                               "(reinforge model --list)")
-        if args.max_pixels and args.arch not in VLM_ARCHS:
-            raise ConfigError(f"--max-pixels is for a vision-language architecture ({', '.join(VLM_ARCHS)})")
-        extra = {"max_pixels": args.max_pixels} if args.max_pixels else {}
+        if (args.max_pixels or args.vocab) and args.arch not in VLM_ARCHS:
+            raise ConfigError(f"--max-pixels and --vocab are for a vision-language architecture ({', '.join(VLM_ARCHS)})")
+        extra = {k: v for k, v in dict(max_pixels=args.max_pixels, vocab=args.vocab).items() if v}
         try:
             model = save_arch(args.arch, out, layers=args.layers or None, hidden=args.hidden or None, seed=args.seed,
                               **extra)
@@ -221,6 +221,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=0, help="the number of decoder layers (default: the real one)")
     p.add_argument("--max-pixels", type=int, default=0,
                    help="qwen2(.5)-vl-tiny: the image processor's pixel budget (default 112*112 = 12544)")
+    p.add_argument("--vocab", choices=["char", "qwen2"], default=None,
+                   help="qwen2(.5)-vl-tiny: the character vocabulary (default) or the real 152k Qwen2 one")
     p.set_defaults(fn=cmd_model)
     p = sub.add_parser("report", help="plots and an HTML page for a run directory")
     p.add_argument("run_dir")

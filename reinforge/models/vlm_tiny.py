@@ -39,6 +39,10 @@ CHAT_TEMPLATE = (
 
 MIN_PIXELS = 56 * 56
 MAX_PIXELS = 112 * 112
+VOCABS = ("char", "qwen2")
+"""char: the character vocabulary above; qwen2: the released Qwen2 / Qwen2.5 BPE vocabulary
+(151,936 rows, models/archs.py's qwen2.5-0.5b tokenizer, whose ids 151652-151656 are Qwen2-VL's
+vision tokens as in the released Qwen2-VL tokenizer), with the same chat template."""
 
 
 def build_vlm_tokenizer():
@@ -63,6 +67,18 @@ def build_vlm_tokenizer():
 # attention, RMSNorm and a gated MLP.
 FAMILIES = {"qwen2_vl": ("Qwen2VLConfig", "Qwen2VLProcessor", "Qwen2VLForConditionalGeneration"),
             "qwen2_5_vl": ("Qwen2_5_VLConfig", "Qwen2_5_VLProcessor", "Qwen2_5_VLForConditionalGeneration")}
+
+
+def qwen2_vlm_tokenizer():
+    """The Qwen2.5 tokenizer (real BPE vocabulary, fetched once into the vocab cache) with the
+    VLM chat template, EOS `<|im_end|>` and left padding."""
+    from transformers import AutoTokenizer
+
+    from reinforge.models.archs import arch_tokenizer_folder
+
+    tok = AutoTokenizer.from_pretrained(str(arch_tokenizer_folder("qwen2.5-0.5b")))
+    tok.chat_template, tok.padding_side, tok.eos_token = CHAT_TEMPLATE, "left", IM_END
+    return tok
 
 
 def build_vlm_processor(tokenizer=None, *, min_pixels: int = MIN_PIXELS, max_pixels: int = MAX_PIXELS,
@@ -98,7 +114,8 @@ def tiny_vlm_config(tokenizer, *, hidden_size: int = 256, num_layers: int = 4, n
     hw = (half * 3) // 8
     section = [half - 2 * hw, hw, hw]
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    text = dict(vocab_size=len(tokenizer), hidden_size=hidden_size, intermediate_size=intermediate_size,
+    # the released Qwen2 vocabulary has 151,936 rows, more than its tokenizer's ids (padding rows)
+    text = dict(vocab_size=max(len(tokenizer), 151936 if len(tokenizer) > 150000 else 0), hidden_size=hidden_size, intermediate_size=intermediate_size,
                 num_hidden_layers=num_layers, num_attention_heads=num_heads, num_key_value_heads=num_kv_heads,
                 max_position_embeddings=max_positions, rms_norm_eps=1e-6,
                 rope_parameters={"rope_type": "default", "rope_theta": 10000.0, "mrope_section": section},
@@ -118,14 +135,17 @@ def tiny_vlm_config(tokenizer, *, hidden_size: int = 256, num_layers: int = 4, n
 
 
 def make_tiny_vlm(out_dir: str | None = None, *, seed: int = 0, min_pixels: int = MIN_PIXELS,
-                  max_pixels: int = MAX_PIXELS, family: str = "qwen2_vl", **config_kwargs):
+                  max_pixels: int = MAX_PIXELS, family: str = "qwen2_vl", vocab: str = "char", **config_kwargs):
     """-> (model, processor): a random-initialised tiny Qwen2-VL (family qwen2_5_vl: Qwen2.5-VL)
     (fp32, HF's own init drawn once under `seed`) and its processor; both saved into `out_dir`
-    when given."""
+    when given. vocab: `VOCABS`."""
     import torch
     import transformers
 
-    processor = build_vlm_processor(min_pixels=min_pixels, max_pixels=max_pixels, family=family)
+    if vocab not in VOCABS:
+        raise ValueError(f"vocab={vocab!r}: one of {', '.join(VOCABS)}")
+    tok = qwen2_vlm_tokenizer() if vocab == "qwen2" else None
+    processor = build_vlm_processor(tok, min_pixels=min_pixels, max_pixels=max_pixels, family=family)
     tok = processor.tokenizer
     config = tiny_vlm_config(tok, family=family, **config_kwargs)
     with torch.random.fork_rng():
