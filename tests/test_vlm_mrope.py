@@ -196,3 +196,13 @@ def test_frozen_tower_features_are_kept_across_passes():
         assert counter.calls == 2
     finally:
         counter.close()
+
+
+def test_tower_uid_is_per_object():
+    import copy
+
+    from reinforge.models.vlm_forward import _tower_uid
+
+    a = torch.nn.Linear(2, 2)
+    b = copy.deepcopy(a)
+    assert _tower_uid(a) == _tower_uid(a) != _tower_uid(b)

@@ -18,6 +18,8 @@ Shapes: B rows, L tokens, K images, F image tokens (features), H hidden.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 
 from reinforge.models.mrope import mrope_position_ids
@@ -105,16 +107,16 @@ def encode_images(model, images: list) -> list[torch.Tensor]:
 
 
 _UIDS = iter(range(1 << 62))
+_TOWERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
 def _tower_uid(visual) -> int:
-    """A number naming this vision tower for as long as it lives (id() may be reused by a later
-    module at the same address, which would then read another tower's features)."""
-    uid = getattr(visual, "_reinforge_uid", None)
-    if uid is None:
-        uid = next(_UIDS)
-        object.__setattr__(visual, "_reinforge_uid", uid)
-    return uid
+    """A number naming this vision tower object for as long as it lives: id() may be reused by
+    a later module at the same address, and an attribute would be copied by a deepcopy (the
+    asynchronous producer's model), either of which could read another tower's features."""
+    if visual not in _TOWERS:
+        _TOWERS[visual] = next(_UIDS)
+    return _TOWERS[visual]
 
 
 def image_outputs(model, images: list) -> dict:
