@@ -66,8 +66,10 @@ def test_qwen2_5_vl_tiny_folder(tmp_path):
     from reinforge.cli.main import main
 
     out = str(tmp_path / "m")
-    assert main(["model", "--arch", "qwen2.5-vl-tiny", "--hidden", "64", "--layers", "2", out]) == 0
+    assert main(["model", "--arch", "qwen2.5-vl-tiny", "--hidden", "64", "--layers", "2", "--intermediate-size", "96",
+                 "--vision-embed-dim", "32", "--min-pixels", "3136", "--max-pixels", "3136", out]) == 0
     assert isinstance(load_processor(out), Qwen2_5_VLProcessor)
+    assert load_processor(out).image_processor.size["longest_edge"] == 3136
     assert isinstance(AutoModelForImageTextToText.from_pretrained(out), Qwen2_5_VLForConditionalGeneration)
 
 

@@ -138,9 +138,12 @@ def cmd_model(args) -> int:
         if args.arch not in ARCHS and args.arch not in VLM_ARCHS:
             raise ConfigError(f"unknown architecture {args.arch!r}; known: {', '.join([*ARCHS, *VLM_ARCHS])} "
                               "(reinforge model --list)")
-        if (args.max_pixels or args.vocab) and args.arch not in VLM_ARCHS:
-            raise ConfigError(f"--max-pixels and --vocab are for a vision-language architecture ({', '.join(VLM_ARCHS)})")
-        extra = {k: v for k, v in dict(max_pixels=args.max_pixels, vocab=args.vocab).items() if v}
+        extra = {k: v for k, v in dict(max_pixels=args.max_pixels, min_pixels=args.min_pixels, vocab=args.vocab,
+                                       intermediate_size=args.intermediate_size,
+                                       vision_embed_dim=args.vision_embed_dim).items() if v}
+        if extra and args.arch not in VLM_ARCHS:
+            raise ConfigError(f"--{next(iter(extra)).replace('_', '-')} is for a vision-language architecture "
+                              f"({', '.join(VLM_ARCHS)})")
         try:
             model = save_arch(args.arch, out, layers=args.layers or None, hidden=args.hidden or None, seed=args.seed,
                               **extra)
@@ -221,6 +224,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--layers", type=int, default=0, help="the number of decoder layers (default: the real one)")
     p.add_argument("--max-pixels", type=int, default=0,
                    help="qwen2(.5)-vl-tiny: the image processor's pixel budget (default 112*112 = 12544)")
+    p.add_argument("--min-pixels", type=int, default=0,
+                   help="qwen2(.5)-vl-tiny: smaller images are enlarged to this many pixels (default 56*56 = 3136)")
+    p.add_argument("--intermediate-size", type=int, default=0, help="qwen2(.5)-vl-tiny: the MLP width (default 704)")
+    p.add_argument("--vision-embed-dim", type=int, default=0, help="qwen2(.5)-vl-tiny: the vision tower's width (64)")
     p.add_argument("--vocab", choices=["char", "qwen2"], default=None,
                    help="qwen2(.5)-vl-tiny: the character vocabulary (default) or the real 152k Qwen2 one")
     p.set_defaults(fn=cmd_model)
