@@ -132,16 +132,24 @@ def cmd_model(args) -> int:
     if not out:
         raise ConfigError("reinforge model needs an output folder: reinforge model [--arch NAME] OUT")
     if args.arch:
-        from reinforge.models.archs import ARCHS, save_arch
+        from reinforge.models.archs import ARCHS, VLM_ARCHS, save_arch
         from reinforge.models.vocabs import VocabFetchError
 
-        if args.arch not in ARCHS:
-            raise ConfigError(f"unknown architecture {args.arch!r}; known: {', '.join(ARCHS)} (reinforge model --list)")
+        if args.arch not in ARCHS and args.arch not in VLM_ARCHS:
+            raise ConfigError(f"unknown architecture {args.arch!r}; known: {', '.join([*ARCHS, *VLM_ARCHS])} "
+                              "(reinforge model --list)")
+        extra = {k: v for k, v in dict(max_pixels=args.max_pixels, min_pixels=args.min_pixels, vocab=args.vocab,
+                                       intermediate_size=args.intermediate_size,
+                                       vision_embed_dim=args.vision_embed_dim).items() if v}
+        if extra and args.arch not in VLM_ARCHS:
+            raise ConfigError(f"--{next(iter(extra)).replace('_', '-')} is for a vision-language architecture "
+                              f"({', '.join(VLM_ARCHS)})")
         try:
-            model = save_arch(args.arch, out, layers=args.layers or None, hidden=args.hidden or None, seed=args.seed)
+            model = save_arch(args.arch, out, layers=args.layers or None, hidden=args.hidden or None, seed=args.seed,
+                              **extra)
         except (VocabFetchError, ValueError) as exc:
             raise ConfigError(str(exc)) from exc
-        c = model.config
+        c = getattr(model.config, "text_config", model.config)  # a VLM's language model
         print(f"{args.arch} ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters: {c.num_hidden_layers} "
               f"layers, hidden {c.hidden_size}, vocabulary {c.vocab_size}), random-initialised, and its tokenizer "
               f"written to {out}")
@@ -208,12 +216,20 @@ def build_parser() -> argparse.ArgumentParser:
                                       "tokenizer (--arch), or the tiny Qwen2 with the character tokenizer (tests/demo)")
     p.add_argument("out_dir", nargs="?", default=None, help="the folder to write (or --out)")
     p.add_argument("--out", default=None)
-    p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b (reinforge model --list); "
+    p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b | qwen2-vl-tiny | qwen2.5-vl-tiny (reinforge model --list); "
                                                  "the tokenizer is fetched once into the vocab cache")
     p.add_argument("--list", action="store_true", help="list the architectures --arch knows")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=0, help="a smaller width (tests): heads and MLP width follow")
     p.add_argument("--layers", type=int, default=0, help="the number of decoder layers (default: the real one)")
+    p.add_argument("--max-pixels", type=int, default=0,
+                   help="qwen2(.5)-vl-tiny: the image processor's pixel budget (default 112*112 = 12544)")
+    p.add_argument("--min-pixels", type=int, default=0,
+                   help="qwen2(.5)-vl-tiny: smaller images are enlarged to this many pixels (default 56*56 = 3136)")
+    p.add_argument("--intermediate-size", type=int, default=0, help="qwen2(.5)-vl-tiny: the MLP width (default 704)")
+    p.add_argument("--vision-embed-dim", type=int, default=0, help="qwen2(.5)-vl-tiny: the vision tower's width (64)")
+    p.add_argument("--vocab", choices=["char", "qwen2"], default=None,
+                   help="qwen2(.5)-vl-tiny: the character vocabulary (default) or the real 152k Qwen2 one")
     p.set_defaults(fn=cmd_model)
     p = sub.add_parser("report", help="plots and an HTML page for a run directory")
     p.add_argument("run_dir")

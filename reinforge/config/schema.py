@@ -54,6 +54,10 @@ class ModelConfig:
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
     lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])
     """Module names that get LoRA adapters (e.g. add gate_proj, up_proj, down_proj), or ["all-linear"]."""
+    freeze_vision_tower: bool = True
+    """A vision-language model's vision encoder (and its patch merger) gets no gradient: only the
+    language model trains (LoRA adapters, when lora_rank > 0, go on the language model only).
+    No effect on a text model."""
 
 
 @dataclass

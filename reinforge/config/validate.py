@@ -60,6 +60,11 @@ def check_model_and_run(model, run) -> None:
     check_choice(model.attn_implementation, ATTN_IMPLEMENTATIONS, "model.attn_implementation")
     need(model.lora_rank == 0 or bool(model.lora_target_modules),
          "model.lora_target_modules is empty: name the modules that get adapters, or [all-linear]")
+    need(isinstance(model.freeze_vision_tower, bool),
+         f"model.freeze_vision_tower={model.freeze_vision_tower!r} must be true or false")
+    need(model.freeze_vision_tower or model.lora_rank == 0,
+         "model.freeze_vision_tower=false asks to train the vision tower, but with model.lora_rank > 0 only the "
+         "adapters train (they go on the language model): set model.lora_rank=0 or model.freeze_vision_tower=true")
     unknown = [x for x in run.loggers if x not in LOGGERS]
     need(not unknown, f"trainer.loggers: unknown {unknown}; valid: {', '.join(LOGGERS)}")
     check_choice(run.val_sampled, VAL_SAMPLED, "trainer.val_sampled")
@@ -73,7 +78,10 @@ def model_max_positions(model_path: str) -> int | None:
         data = json.loads(cfg.read_text(encoding="utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise ConfigError(f"{cfg}: not valid JSON ({exc})") from None
-    return data.get("max_position_embeddings") if isinstance(data, dict) else None
+    if not isinstance(data, dict):
+        return None
+    text = data.get("text_config")  # a vision-language model's language model
+    return data.get("max_position_embeddings") or (text.get("max_position_embeddings") if isinstance(text, dict) else None)
 
 
 def check_model_path(path: str, key: str) -> None:

@@ -88,9 +88,21 @@ ARCHS: dict[str, Arch] = {
 }
 
 
+# Vision-language architectures: built by models/vlm_tiny.py (its own small vocabulary, a
+# Qwen2VLProcessor saved beside the model), not from a GGUF vocabulary.
+VLM_ARCHS: dict[str, str] = {
+    "qwen2-vl-tiny": "a tiny Qwen2-VL (Qwen2VLForConditionalGeneration: 2-block vision tower, 4-layer LM, "
+                     "hidden 256, ~3.3M parameters), character vocabulary with Qwen2-VL's special tokens, "
+                     "images 56x56 to 112x112 pixels (4 to 16 image tokens)",
+    "qwen2.5-vl-tiny": "the same with Qwen2.5-VL's classes (Qwen2_5_VLForConditionalGeneration: windowed "
+                       "vision attention, gated vision MLP)",
+}
+_VLM_FAMILY = {"qwen2-vl-tiny": "qwen2_vl", "qwen2.5-vl-tiny": "qwen2_5_vl"}
+
+
 def _arch(name: str) -> Arch:
     if name not in ARCHS:
-        raise ValueError(f"unknown architecture {name!r}; known: {', '.join(ARCHS)}")
+        raise ValueError(f"unknown architecture {name!r}; known: {', '.join([*ARCHS, *VLM_ARCHS])}")
     return ARCHS[name]
 
 
@@ -228,7 +240,14 @@ def build_arch(name: str, layers: int | None = None, hidden: int | None = None, 
 def save_arch(name: str, out_dir: str, layers: int | None = None, hidden: int | None = None, *, seed: int = 0,
               **overrides):
     """`build_model` saved into `out_dir` with the tokenizer folder's files copied beside it
-    (the tokenizer is not loaded: that alone takes seconds for a 152k vocabulary). -> the model."""
+    (the tokenizer is not loaded: that alone takes seconds for a 152k vocabulary). -> the model.
+    A VLM_ARCHS name writes models/vlm_tiny.make_tiny_vlm's folder (model + processor); its
+    overrides: max_pixels / min_pixels (the image processor's budget) and tiny_vlm_config's."""
+    if name in VLM_ARCHS:
+        from reinforge.models.vlm_tiny import make_tiny_vlm
+
+        kw = {k: v for k, v in dict(num_layers=layers, hidden_size=hidden).items() if v}
+        return make_tiny_vlm(out_dir, seed=seed, family=_VLM_FAMILY[name], **kw, **overrides)[0]
     model = build_model(name, layers, hidden, seed=seed, **overrides)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -242,4 +261,5 @@ def save_arch(name: str, out_dir: str, layers: int | None = None, hidden: int | 
 def describe() -> list[str]:
     """One line an architecture: name, what it is, its vocabulary."""
     return [f"{n}: {a.about}, {a.config['num_hidden_layers']} layers, hidden {a.config['hidden_size']}, "
-            f"vocabulary {a.config['vocab_size']} ({a.vocab})" for n, a in ARCHS.items()]
+            f"vocabulary {a.config['vocab_size']} ({a.vocab})" for n, a in ARCHS.items()] + \
+        [f"{n}: {about}" for n, about in VLM_ARCHS.items()]

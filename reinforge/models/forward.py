@@ -5,6 +5,10 @@ Shapes: B sequences, L = P + T tokens (left-padded prompt, right-padded response
 V vocabulary. Position ids always come from the attention mask, so RoPE sees each token's true
 position however much padding the batch has (seed 004): a response's log-probs do not depend
 on its neighbours in the batch.
+
+Vision-language models (models/vlm_forward.py): `vision`, the rows' PromptImages (or None),
+switches the positions to M-RoPE's (3, B, L) (models/mrope.py) and hands the image features to
+the model (`images`: encoded once per distinct prompt). Without it nothing changes.
 """
 from __future__ import annotations
 
@@ -40,7 +44,7 @@ def as_root_forward(model, fn, *args, **kwargs):
 
 def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperature: float = 1.0,
                    with_entropy: bool = False, fused: bool = True, chunk_size: int | None = None,
-                   top_k: int = 0, top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   top_k: int = 0, top_p: float = 1.0, images: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (M,) of `labels` (M,) and entropies (M,) or None: the one model-to-log-prob
     path of every trainer. `fwd` are the model's inputs (input_ids, attention_mask,
     position_ids); `select` maps the model's (..., X) output (hidden states or logits) to the
@@ -53,12 +57,18 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     the model's forward applies to its logits.
     Both run as a root forward (`as_root_forward`), so FSDP gathers the head for them.
     top_k / top_p: the rollout's sampling filter (algos.logprobs.sampling_filter_; 0 / 1: none).
+    images: a VLM's PromptImages in the order of their tokens in fwd's input_ids (fwd's
+    position_ids then M-RoPE's): encoded inside the root forward, once per distinct prompt.
     """
     backbone, head = _lm_parts(model)
     use_fused = fused and getattr(head, "bias", None) is None
     scale, softcap = logit_transform(unwrap_peft(model).config) if use_fused else (1.0, 0.0)
 
     def run(**fwd):
+        if images:
+            from reinforge.models.vlm_forward import image_outputs
+
+            fwd = {**fwd, "mm_encoder_outputs": image_outputs(model, images)}
         if use_fused:
             from reinforge.algos.fused_logprobs import bf16_head, fused_logprobs_from_hidden
 
@@ -83,30 +93,46 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                       temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
                       chunk_size: int | None = None, top_k: int = 0,
-                      top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      top_p: float = 1.0, vision: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last `response_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: (B, L). Returns log_probs (B, T) and entropy (B, T) or None
-    (see `token_logprobs` for the fused and logits paths).
+    (see `token_logprobs` for the fused and logits paths). vision: a VLM's B PromptImages or
+    None (module docstring).
     """
     B, T = input_ids.shape[0], response_len
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    images = None
+    if vision is not None and any(v is not None for v in vision):
+        from reinforge.models.vlm_forward import ordered_images, vlm_position_ids
+
+        fwd["position_ids"], images = vlm_position_ids(model, input_ids, attention_mask, vision)[0], ordered_images(vision)
     logp, ent = token_logprobs(model, fwd, lambda x: x[:, -T - 1:-1].reshape(B * T, x.shape[-1]),
                                input_ids[:, -T:].reshape(-1), temperature=temperature, with_entropy=with_entropy,
-                               fused=fused, chunk_size=chunk_size, top_k=top_k, top_p=top_p)
+                               fused=fused, chunk_size=chunk_size, top_k=top_k, top_p=top_p, images=images)
     return logp.view(B, T), (ent.view(B, T) if ent is not None else None)
 
 
 def target_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | None = None,
-                    fused: bool = True) -> torch.Tensor:
+                    fused: bool = True, vision: list | None = None) -> torch.Tensor:
     """Log-probs (N,) of SFT's target tokens, N = loss_mask[:, 1:].sum(): token t+1 where
     loss_mask is 1, predicted from position t. batch: (B, L) input_ids, attention_mask (or a
     packed row's 4D mask), position_ids, loss_mask. Only the target positions go through the
-    LM head (the fused path never builds their (N, V) logits either)."""
+    LM head (the fused path never builds their (N, V) logits either). vision: a VLM's B
+    PromptImages or None; its positions (M-RoPE) replace batch's position_ids, which needs the
+    (B, L) 0/1 attention_mask of a padded batch (not a packed row's 4D mask)."""
     target = batch["loss_mask"][:, 1:].bool()  # (B, L-1)
     fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    images = None
+    if vision is not None and any(v is not None for v in vision):
+        from reinforge.models.vlm_forward import ordered_images, vlm_position_ids
+
+        if fwd["attention_mask"].dim() != 2:
+            raise ValueError("image rows need a padded (B, L) batch: packed SFT rows (4D masks) are text only")
+        fwd["position_ids"] = vlm_position_ids(model, fwd["input_ids"], fwd["attention_mask"], vision)[0]
+        images = ordered_images(vision)
     return token_logprobs(model, fwd, lambda x: x[:, :-1][target], batch["input_ids"][:, 1:][target],
-                          fused=fused, chunk_size=chunk_size)[0]
+                          fused=fused, chunk_size=chunk_size, images=images)[0]
 
 
 def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:

@@ -2,6 +2,11 @@
 reference copy, the critic (the same backbone as a token classifier with one label, seed 000),
 and a sequence-classification reward model.
 
+A vision-language folder (its config.json has a `vision_config`: Qwen2-VL and kin) loads
+through `AutoModelForImageTextToText` wherever a causal LM is asked for (actor, reference,
+SFT, DPO), its vision tower frozen unless `freeze_vision_tower=False` (model.freeze_vision_tower);
+`load_vlm_processor` gives its processor (models/vlm_processor.py).
+
 Each loader takes a local folder or a Hub id (`org/name[@revision]`, resolved to its snapshot in
 the Hugging Face cache by reinforge.models.hub); transformers itself never downloads
 (`local_files_only=True`).
@@ -147,13 +152,54 @@ def _finish(model: PreTrainedModel, device: str, gradient_checkpointing, train: 
 
 def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool | str = False,
                    trust_remote_code: bool = False, attn_implementation: str = "sdpa",
-                   train: bool = True) -> PreTrainedModel:
-    """Actor (train=True) or reference (train=False: eval mode, no gradients)."""
+                   train: bool = True, freeze_vision_tower: bool = True) -> PreTrainedModel:
+    """Actor (train=True) or reference (train=False: eval mode, no gradients). A VLM folder
+    loads as an image-text-to-text model (module docstring)."""
     path = _check_folder(path)
+    from reinforge.models.vlm_processor import is_vlm_folder
+
+    vlm = is_vlm_folder(path)
+    if vlm:
+        from transformers import AutoModelForImageTextToText as auto
+    else:
+        auto = AutoModelForCausalLM
     model = _from_pretrained(
-        AutoModelForCausalLM.from_pretrained, path, dtype=resolve_dtype(dtype, device),
+        auto.from_pretrained, path, dtype=resolve_dtype(dtype, device),
         trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, local_files_only=True)
-    return _finish(model, device, checkpointing_on(gradient_checkpointing) and train, train)
+    model = _finish(model, device, checkpointing_on(gradient_checkpointing) and train, train)
+    if vlm and train and freeze_vision_tower:
+        freeze_vision(model)
+    return model
+
+
+def vision_tower(model):
+    """The vision encoder module of a VLM (Qwen2-VL's `model.visual`), or None."""
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    return getattr(getattr(inner, "model", None), "visual", None)
+
+
+def freeze_vision(model) -> None:
+    """No gradients for the vision tower (its patch merger included): RL and SFT then train the
+    language model only, and the encoder runs under no_grad (models/vlm_forward.py)."""
+    tower = vision_tower(model)
+    if tower is None:
+        raise ModelLoadError("model.freeze_vision_tower: the model has no vision tower (model.visual)")
+    tower.requires_grad_(False)
+
+
+def load_vlm_processor(path: str):
+    """The processor (image processor + tokenizer + chat template) of a VLM folder, its
+    tokenizer left-padding; ModelLoadError naming the folder when it cannot be built."""
+    path = resolve_model_path(path, "processor path")
+    from reinforge.models.vlm_processor import load_processor
+
+    try:
+        proc = load_processor(path)
+    except Exception as exc:
+        first = (str(exc).strip().splitlines() or [""])[0]
+        raise ModelLoadError(f"processor at {path!r} cannot be loaded: {type(exc).__name__}: {first}") from exc
+    proc.tokenizer.padding_side = "left"
+    return proc
 
 
 def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool | str = False,

@@ -9,12 +9,36 @@ from __future__ import annotations
 import sys
 
 
+def language_model_targets(model, target_modules: list[str]) -> list[str] | None:
+    """A VLM's LoRA targets: the full names of the linear layers of its language model whose
+    last name is in `target_modules` (any linear layer for ["all-linear"]), so no adapter lands
+    in the vision tower or its merger (whose q/k/v is one `qkv` and would escape a name list,
+    but not "all-linear"). None for a model without a `language_model` (a plain causal LM)."""
+    import torch
+
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
+    lm = getattr(getattr(inner, "model", None), "language_model", None)
+    if lm is None:
+        return None
+    prefix = next(n for n, m in inner.named_modules() if m is lm)
+    every = target_modules == ["all-linear"]
+    return [f"{prefix}.{n}" for n, m in lm.named_modules()
+            if isinstance(m, torch.nn.Linear) and (every or n.rsplit(".", 1)[-1] in target_modules)]
+
+
 def apply_lora(model, rank: int, alpha: float, target_modules: list[str]):
     """Wrap a causal LM with a fresh LoRA adapter. B starts at zero (PEFT's default), so the
-    wrapped model computes exactly the base model until the first update."""
+    wrapped model computes exactly the base model until the first update. A VLM's adapters go
+    on its language model only (`language_model_targets`)."""
     from peft import LoraConfig, get_peft_model
 
     targets = target_modules[0] if target_modules == ["all-linear"] else list(target_modules)
+    lm_targets = language_model_targets(model, list(target_modules))
+    if lm_targets is not None:
+        if not lm_targets:
+            raise ValueError(f"model.lora_target_modules={list(target_modules)} match no linear layer of the "
+                             "language model")
+        targets = lm_targets
     cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
                      task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, cfg)

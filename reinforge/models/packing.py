@@ -163,17 +163,36 @@ def _scatter(sel: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
 def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                              temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
                              chunk_size: int | None = None, top_k: int = 0,
-                             top_p: float = 1.0) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Same contract as `forward.response_logprobs` (B, L) -> (B, T), computed on packed rows.
-    Positions that are not real response tokens hold 0 (the padded path leaves garbage there;
-    both are masked downstream)."""
-    p = pack(input_ids, attention_mask)
+                             top_p: float = 1.0, vision: list | None = None,
+                             row_len: int | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Same contract as `forward.response_logprobs` (B, L) -> (B, T), computed on packed rows
+    (of `row_len` slots: `pack`'s). Positions that are not real response tokens hold 0 (the
+    padded path leaves garbage there; both are masked downstream). vision: a VLM's B
+    PromptImages or None (`packed_vision`)."""
+    p = pack(input_ids, attention_mask, row_len)
     sel, src, labels = _response_gather(p, input_ids, response_len)
     fwd = dict(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids)
+    images = None
+    if vision is not None and any(v is not None for v in vision):
+        fwd["position_ids"], images = packed_vision(model, input_ids, attention_mask, vision, p)
     logp, ent = token_logprobs(model, fwd, lambda x: x.reshape(-1, x.shape[-1])[src], labels,
                                temperature=temperature, with_entropy=with_entropy, fused=fused, chunk_size=chunk_size,
-                               top_k=top_k, top_p=top_p)
+                               top_k=top_k, top_p=top_p, images=images)
     return _scatter(sel, logp), (_scatter(sel, ent) if ent is not None else None)
+
+
+def packed_vision(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, vision: list,
+                  p: Packed) -> tuple[torch.Tensor, list]:
+    """A VLM batch's packed positions (4, R, C) (models/mrope.packed_mrope: the packed text
+    positions, then each token's M-RoPE position computed on its own sequence) and the rows'
+    PromptImages in the order their tokens sit in the packed rows (sequences by packed start)."""
+    from reinforge.models.mrope import packed_mrope
+    from reinforge.models.vlm_forward import vlm_position_ids
+
+    padded = vlm_position_ids(model, input_ids, attention_mask, vision)[0]  # (3, B, L)
+    start = torch.where(p.dest >= 0, p.dest, torch.full_like(p.dest, p.dest.numel() + p.input_ids.numel())).amin(-1)
+    order = sorted(range(len(vision)), key=lambda i: int(start[i]))
+    return packed_mrope(padded, p.position_ids, p.dest), [vision[i] for i in order if vision[i] is not None]
 
 
 def packed_response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -25,6 +25,7 @@ from reinforge.models.padding import pad
 from reinforge.protocol import Batch
 from reinforge.workers.rollout.base import RolloutCapabilities
 from reinforge.workers.rollout.common import assemble_rollout, finish_masks, pad_prompts, sampling_meta, stop_token_ids
+from reinforge.workers.rollout.vlm import chunk_vision, generate_kwargs
 
 
 class SampledLogProbs(LogitsProcessor):
@@ -105,11 +106,12 @@ class HFRollout:
     @torch.no_grad()
     def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, greedy: bool,
                       sampling: tuple[float, int, float], T: int | None = None,
-                      stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+                      stop=None, vision: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(B0, P) -> responses (B0 * n, T) padded with pad_token_id, and their log-probs (B0 * n, T)
         (0 on padding) under `sampling` = (temperature, top_k, top_p). T defaults to
         max_response_length; `stop` (the lean loop's early exit, see continue_ids) is not used
-        here: the caller cuts each row at its stop itself."""
+        here: the caller cuts each row at its stop itself. vision: a VLM's B0 PromptImages
+        (workers/rollout/vlm.py) or None."""
         T = T or self.T
         device = next(self.model.parameters()).device
         was_training = self.model.training
@@ -119,7 +121,8 @@ class HFRollout:
             with blank_generation_config(self.model):
                 out = self.model.generate(input_ids=prompt_ids.to(device), attention_mask=prompt_mask.to(device),
                                           generation_config=self._gen_config(n, sampling[0], greedy, T),
-                                          logits_processor=LogitsProcessorList([record]))
+                                          logits_processor=LogitsProcessorList([record]),
+                                          **generate_kwargs(self.model, prompt_ids.to(device), vision))
         finally:
             self.model.train(was_training)
         resp, logp = out[:, prompt_ids.shape[1]:].cpu(), record.result(out).float().cpu()
@@ -152,7 +155,8 @@ class HFRollout:
         meta = sampling_meta(temperature, self.top_k, self.top_p, greedy)
         step = max(1, self.micro_batch_size // n)
         parts = [self._generate_ids(ids[i:i + step], mask[i:i + step], n, greedy,
-                                    (meta["temperature"], meta["top_k"], meta["top_p"]))
+                                    (meta["temperature"], meta["top_k"], meta["top_p"]),
+                                    vision=chunk_vision(prompts, i, i + step))
                  for i in range(0, len(ids), step)]
         resp, logp = torch.cat([r for r, _ in parts]), torch.cat([lp for _, lp in parts])  # (B, T) each
         # generate() pads a row only after it emitted EOS, and a row without EOS ran to T tokens,

@@ -17,7 +17,9 @@ parameters, LoRA layers included, are used: nothing to copy or sync), with:
   kernel draws V random numbers per row (~10x the cost at V = 152k); same distribution,
   another random stream, so smaller vocabularies keep multinomial's samples bit for bit.
 Qwen2 / Qwen3 / Llama configs with full attention only (their decoder layers share one call
-signature); other architectures fall back to HFRollout's generate(). Same Batch as HFRollout.
+signature), and Qwen2-VL's language model (image prompts: the prefill takes the prompt's
+embeddings with the image features and M-RoPE positions, workers/rollout/vlm.py); other
+architectures fall back to HFRollout's generate(). Same Batch as HFRollout.
 
 Shapes: B0 prompts, n samples each, b rows still decoding, P prompt, T response, S = P + T,
 Hk key/value heads, D head dim, V vocabulary.
@@ -35,7 +37,7 @@ from reinforge.workers.rollout.base import RolloutCapabilities
 from reinforge.workers.rollout.decode_weights import DTYPES, cast_weights
 from reinforge.workers.rollout.hf import HFRollout
 
-SUPPORTED = ("qwen2", "qwen3", "llama")
+SUPPORTED = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl")  # VLMs: their language model, images via vlm.py
 LARGE_VOCAB = 1 << 16
 """Vocabularies from which sampling uses `sample_inverse_cdf` (the demo's has 99 ids)."""
 
@@ -55,9 +57,10 @@ def lean_supported(model) -> bool:
     """Whether the decoder is one whose layers this loop can drive (full attention only)."""
     inner = unwrap_peft(model)
     cfg = inner.config
-    layer_types = getattr(cfg, "layer_types", None) or ["full_attention"]
+    text = getattr(cfg, "text_config", None) or cfg  # a VLM's language model
+    layer_types = getattr(text, "layer_types", None) or ["full_attention"]
     return (cfg.model_type in SUPPORTED and set(layer_types) == {"full_attention"}
-            and cfg._attn_implementation in ("sdpa", "eager") and hasattr(inner, "model"))
+            and text._attn_implementation in ("sdpa", "eager") and hasattr(inner, "model"))
 
 
 @functools.lru_cache(maxsize=None)
@@ -122,14 +125,16 @@ class LeanRollout(HFRollout):
                    dtype="model" if dtype == "auto" else dtype)
 
     def _parts(self):
-        """(inner HF causal LM, its backbone) looking through a PEFT wrapper."""
+        """(inner HF causal LM, its backbone) looking through a PEFT wrapper (a VLM's: its
+        language model)."""
         inner = unwrap_peft(self.model)
-        return inner, inner.model
+        return inner, getattr(inner.model, "language_model", inner.model)
 
     def _forward(self, backbone, head, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-                 cache: StaticCache) -> torch.Tensor:
-        """ids, pos (b, L); mask (b, 1, L, cache.pos + L) bool, True = attend -> last logits (b, V)."""
-        h = backbone.embed_tokens(ids)
+                 cache: StaticCache, embeds: torch.Tensor | None = None) -> torch.Tensor:
+        """ids, pos (b, L) (a VLM's prefill: (3, b, L)); mask (b, 1, L, cache.pos + L) bool, True =
+        attend; embeds (b, L, H): the input embeddings when not ids' own -> last logits (b, V)."""
+        h = backbone.embed_tokens(ids) if embeds is None else embeds
         rope = backbone.rotary_emb(h, pos)
         if backbone.config._attn_implementation == "eager":  # eager adds the mask to the scores
             mask = torch.zeros(mask.shape, dtype=h.dtype, device=h.device).masked_fill_(~mask, torch.finfo(h.dtype).min)
@@ -155,26 +160,39 @@ class LeanRollout(HFRollout):
     @torch.no_grad()
     def _generate_ids(self, prompt_ids: torch.Tensor, prompt_mask: torch.Tensor, n: int, greedy: bool,
                       sampling: tuple[float, int, float], T: int | None = None,
-                      stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+                      stop=None, vision: list | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         with cast_weights(self.model, self.decode_dtype):
             if not self.lean:
-                return super()._generate_ids(prompt_ids, prompt_mask, n, greedy, sampling, T)
-            return self._lean_ids(prompt_ids, prompt_mask, n, greedy, sampling, T, stop)
+                return super()._generate_ids(prompt_ids, prompt_mask, n, greedy, sampling, T, vision=vision)
+            return self._lean_ids(prompt_ids, prompt_mask, n, greedy, sampling, T, stop, vision)
 
-    def _lean_ids(self, prompt_ids, prompt_mask, n, greedy, sampling, T, stop):
+    def _lean_ids(self, prompt_ids, prompt_mask, n, greedy, sampling, T, stop, vision=None):
         inner, backbone = self._parts()
         head, was_training = inner.get_output_embeddings(), self.model.training
         device, dtype = backbone.embed_tokens.weight.device, backbone.embed_tokens.weight.dtype
         self.model.eval()
         try:
             return self._decode(backbone, head, prompt_ids.to(device), prompt_mask.to(device).bool(), n, greedy,
-                                sampling, dtype, T or self.T, stop)
+                                sampling, dtype, T or self.T, stop, vision)
         finally:
             self.model.train(was_training)
 
-    def _decode(self, backbone, head, ids, pmask, n, greedy, sampling, dtype, T, stop=None):
+    def _prefill(self, backbone, head, ids, pmask, mask, cache, vision=None):
+        """The prompts' forward -> (last logits (B0, V), each row's next position (B0,)). Text:
+        positions from the mask; a VLM's image prompts: embeddings with the image features and
+        M-RoPE positions (workers/rollout/vlm.prefill_inputs)."""
+        if vision is None:
+            pos = (pmask.long().cumsum(-1) - 1).clamp(min=0)
+            return self._forward(backbone, head, ids, pos, mask[:, None], cache), pmask.sum(-1)
+        from reinforge.workers.rollout.vlm import prefill_inputs
+
+        embeds, pos, nxt = prefill_inputs(self.model, backbone.embed_tokens, ids, pmask, vision)
+        return self._forward(backbone, head, ids, pos, mask[:, None], cache, embeds), nxt
+
+    def _decode(self, backbone, head, ids, pmask, n, greedy, sampling, dtype, T, stop=None, vision=None):
         """(B0, P) prompts -> responses (B0 * n, T) padded with pad_token_id, log-probs (B0 * n, T).
-        `stop` (HFRollout.continue_ids) ends rows early as EOS does."""
+        `stop` (HFRollout.continue_ids) ends rows early as EOS does; vision: a VLM's B0
+        PromptImages or None."""
         B0, P = ids.shape
         S, dev, cfg = P + T, ids.device, backbone.config
         kv_shape = (B0, cfg.num_key_value_heads, S, getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
@@ -184,12 +202,11 @@ class LeanRollout(HFRollout):
         keys[:, :P] = pmask
         causal = torch.ones(P, P, dtype=torch.bool, device=dev).tril()
         mask = (causal & pmask[:, None, :]) | torch.eye(P, dtype=torch.bool, device=dev)
-        pos = (pmask.long().cumsum(-1) - 1).clamp(min=0)
-        logits = self._forward(backbone, head, ids, pos, mask[:, None], cache)  # (B0, V)
+        logits, next_pos = self._prefill(backbone, head, ids, pmask, mask, cache, vision)  # (B0, V), (B0,)
         # Prefix sharing: n rows per prompt, interleaved like generate's num_return_sequences.
         rep = torch.arange(B0, device=dev).repeat_interleave(n)
         cache, keys, logits = cache.rows(rep), keys[rep], logits[rep]
-        next_pos = pmask.sum(-1)[rep]  # (B,) position of the first response token
+        next_pos = next_pos[rep]  # (B,) position of the first response token
         B = B0 * n
         resp = torch.full((B, T), self.tok.pad_token_id, dtype=torch.long, device=dev)
         logps = torch.zeros(B, T, device=dev)

@@ -1,0 +1,208 @@
+"""M-RoPE positions and image-prompt log-probs of a VLM batch under left padding and packing
+equal the model's own computation on each unpadded sequence; the vision encoder runs once per
+distinct prompt (a group's n samples share it)."""
+import pytest
+import torch
+from PIL import Image
+
+from reinforge.models.forward import response_logprobs
+from reinforge.models.mrope import sequence_mrope
+from reinforge.models.packing import pack, packed_response_logprobs, packed_vision
+from reinforge.models.vlm_forward import EncoderCounter, vlm_position_ids
+from reinforge.models.vlm_inputs import prompt_batch
+
+P, T = 48, 6
+
+
+def _prompts():
+    # Different image sizes (grids 4x4, 6x4 -> 2x2 and 3x2 merged: h != w) and text lengths, one
+    # prompt with two images and one without.
+    red, wide, tall = Image.new("RGB", (56, 56), "red"), Image.new("RGB", (84, 56), "blue"), Image.new("RGB", (56, 84))
+    img = {"type": "image"}
+    return [([{"role": "user", "content": [img, {"type": "text", "text": "Count?"}]}], [red]),
+            ([{"role": "user", "content": [{"type": "text", "text": "A"}, img, img, {"type": "text", "text": "b"}]}],
+             [wide, tall]),
+            ([{"role": "user", "content": "text only, longer prompt"}], None)]
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def vlm(request):
+    from reinforge.models.vlm_tiny import make_tiny_vlm
+
+    model, proc = make_tiny_vlm(hidden_size=64, num_layers=2, seed=1, family=request.param)
+    return model.eval(), proc
+
+
+@pytest.fixture(scope="module")
+def batch(vlm):
+    model, proc = vlm
+    out = prompt_batch(proc, _prompts(), P)
+    g = torch.Generator().manual_seed(0)
+    lens = [T, 3, 5]
+    resp = torch.randint(10, 100, (3, T), generator=g)
+    rmask = torch.zeros(3, T, dtype=torch.long)
+    for i, n in enumerate(lens):
+        rmask[i, :n] = 1
+    resp = resp * rmask  # pad id 0 after each response
+    ids = torch.cat([out["input_ids"], resp], 1)
+    mask = torch.cat([out["attention_mask"], rmask], 1)
+    return ids, mask, out["vision"]
+
+
+def _own_positions(model, ids, mask, vision):
+    """The model's get_rope_index on each unpadded sequence on its own -> list of (3, n)."""
+    out = []
+    for b in range(ids.shape[0]):
+        seq = ids[b][mask[b].bool()][None]
+        grid = vision[b].image_grid_thw if vision[b] is not None else None
+        types = (seq == model.config.image_token_id).long()
+        if grid is None:
+            out.append(torch.arange(seq.shape[1]).expand(3, -1))
+            continue
+        pos, _ = model.model.get_rope_index(seq, mm_token_type_ids=types, image_grid_thw=grid)
+        out.append(pos[:, 0])
+    return out
+
+
+def test_sequence_mrope_hand_case():
+    # text, text, a 1x2x3 image (6 tokens), text: the image costs max(2, 3) = 3 positions.
+    flags = torch.tensor([0, 0, 1, 1, 1, 1, 1, 1, 0]).bool()
+    pos = sequence_mrope(flags, [(1, 2, 3)])
+    assert pos.tolist() == [[0, 1, 2, 2, 2, 2, 2, 2, 5],
+                            [0, 1, 2, 2, 2, 3, 3, 3, 5],
+                            [0, 1, 2, 3, 4, 2, 3, 4, 5]]
+
+
+def test_left_padded_positions_equal_the_models_own(vlm, batch):
+    model, _ = vlm
+    ids, mask, vision = batch
+    pos, nxt = vlm_position_ids(model, ids, mask, vision)
+    own = _own_positions(model, ids, mask, vision)
+    for b in range(ids.shape[0]):
+        real = mask[b].bool()
+        assert torch.equal(pos[:, b, real], own[b])
+        assert (pos[:, b, ~real] == 0).all()
+        assert nxt[b] == own[b].max() + 1
+    assert not torch.equal(own[1][0], torch.arange(own[1].shape[1]))  # images do shift positions
+
+
+def test_packed_positions_equal_the_models_own(vlm, batch):
+    model, _ = vlm
+    ids, mask, vision = batch
+    p = pack(ids, mask, row_len=int(mask.sum()))  # one row holds all sequences
+    assert p.input_ids.shape[0] == 1
+    pos4, images = packed_vision(model, ids, mask, vision, p)
+    flat = pos4.reshape(4, -1)
+    own = _own_positions(model, ids, mask, vision)
+    for b in range(ids.shape[0]):
+        slots = p.dest[b][mask[b].bool()]
+        assert torch.equal(flat[1:, slots], own[b])
+        assert torch.equal(flat[0, slots], torch.arange(len(slots)))  # text positions restart
+    # images in the order their tokens sit in the packed rows
+    img_rows = (p.input_ids.reshape(-1) == model.config.image_token_id).sum()
+    assert img_rows == sum(int(v.image_grid_thw.prod(-1).sum()) // 4 for v in images)
+
+
+def _reference_logprobs(model, ids, mask, vision, b):
+    """The response log-probs of row b from the model's own forward on the unpadded sequence."""
+    real = mask[b].bool()
+    seq = ids[b][real][None]
+    kw = {}
+    if vision[b] is not None:
+        kw = dict(pixel_values=vision[b].pixel_values, image_grid_thw=vision[b].image_grid_thw,
+                  mm_token_type_ids=(seq == model.config.image_token_id).long())
+    with torch.no_grad():
+        logits = model(input_ids=seq, **kw).logits[0].float()
+    n_resp = int(mask[b, -T:].sum())
+    lp = logits.log_softmax(-1)[:-1].gather(-1, seq[0, 1:, None])[:, 0]
+    return lp[-n_resp:]
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_logprobs_do_not_depend_on_padding_or_packing(vlm, batch, fused):
+    model, _ = vlm
+    ids, mask, vision = batch
+    with torch.no_grad():
+        padded, _ = response_logprobs(model, ids, mask, T, vision=vision, fused=fused)
+        packed, _ = packed_response_logprobs(model, ids, mask, T, vision=vision, fused=fused, row_len=int(mask.sum()))
+        # the same rows with more left padding
+        wider = torch.cat([torch.zeros(3, 7, dtype=ids.dtype), ids], 1), torch.cat([torch.zeros(3, 7, dtype=mask.dtype), mask], 1)
+        more, _ = response_logprobs(model, *wider, T, vision=vision, fused=fused)
+    for b in range(ids.shape[0]):
+        ref = _reference_logprobs(model, ids, mask, vision, b)
+        n = len(ref)
+        for got in (padded, packed, more):
+            torch.testing.assert_close(got[b, :n], ref, atol=1e-5, rtol=0)
+
+
+def test_encoder_runs_once_per_distinct_prompt(vlm, batch):
+    model, _ = vlm
+    ids, mask, vision = batch
+    n = 3
+    rep = torch.arange(3).repeat_interleave(n)
+    grouped = [vision[i] for i in rep.tolist()]  # a group's n samples share the reference
+    counter = EncoderCounter(model)
+    try:
+        with torch.no_grad():
+            lp, _ = response_logprobs(model, ids[rep], mask[rep], T, vision=grouped)
+    finally:
+        counter.close()
+    assert counter.calls == 1 and counter.images == 3  # prompts 0 and 1: 1 + 2 images, once
+    with torch.no_grad():
+        single, _ = response_logprobs(model, ids, mask, T, vision=vision)
+    torch.testing.assert_close(lp[::n], single, atol=1e-5, rtol=0)
+
+
+def test_sft_target_logprobs_of_right_padded_image_rows(vlm, batch):
+    from reinforge.models.forward import position_ids_from_mask, target_logprobs
+
+    model, _ = vlm
+    ids, mask, vision = batch
+    # right-padded: each row's real tokens moved to the front
+    lens = mask.sum(-1)
+    right = torch.zeros_like(ids)
+    rmask = torch.zeros_like(mask)
+    for b in range(3):
+        right[b, :lens[b]] = ids[b][mask[b].bool()]
+        rmask[b, :lens[b]] = 1
+    loss_mask = rmask.clone()
+    for b in range(3):
+        loss_mask[b, :lens[b] - int(mask[b, -T:].sum())] = 0  # the response tokens only
+    sft = dict(input_ids=right, attention_mask=rmask, position_ids=position_ids_from_mask(rmask), loss_mask=loss_mask)
+    with torch.no_grad():
+        got = target_logprobs(model, sft, vision=vision)
+    ref = torch.cat([_reference_logprobs(model, ids, mask, vision, b) for b in range(3)])
+    torch.testing.assert_close(got, ref, atol=1e-5, rtol=0)
+
+
+def test_frozen_tower_features_are_kept_across_passes():
+    from reinforge.models.vlm_inputs import prompt_batch
+    from reinforge.models.vlm_tiny import make_tiny_vlm
+
+    model, proc = make_tiny_vlm(hidden_size=64, num_layers=2, seed=3)
+    out = prompt_batch(proc, _prompts(), P)
+    ids, mask, vision = out["input_ids"], out["attention_mask"], out["vision"]
+    T0 = 4
+    counter = EncoderCounter(model)
+    try:
+        model.model.visual.requires_grad_(False)
+        first, _ = response_logprobs(model, ids, mask, T0, vision=vision)  # grad enabled: the update's pass
+        assert counter.calls == 1
+        again, _ = response_logprobs(model, ids, mask, T0, vision=vision)
+        assert counter.calls == 1  # kept: no second encoding of the same prompts
+        torch.testing.assert_close(again, first, atol=0, rtol=0)
+        model.model.visual.requires_grad_(True)  # a tower that trains encodes every pass
+        response_logprobs(model, ids, mask, T0, vision=vision)
+        assert counter.calls == 2
+    finally:
+        counter.close()
+
+
+def test_tower_uid_is_per_object():
+    import copy
+
+    from reinforge.models.vlm_forward import _tower_uid
+
+    a = torch.nn.Linear(2, 2)
+    b = copy.deepcopy(a)
+    assert _tower_uid(a) == _tower_uid(a) != _tower_uid(b)
