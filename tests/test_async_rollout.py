@@ -22,6 +22,7 @@ from reinforge.rewards.result import RewardResult
 from reinforge.trainers import async_rollout
 from reinforge.trainers.async_rollout import AsyncProducer, Start
 from reinforge.trainers.rl import RLTrainer
+from reinforge.workers.rollout.behaviour import LocalBehaviour
 from tests.agents.test_agent_e2e import tool_model  # noqa: F401 (the fixture: a model that calls a tool)
 from tests.conftest import rl_overrides
 
@@ -49,10 +50,10 @@ def _items(count: int) -> list[dict]:
     return [{"prompt_ids": [1], "prompt_text": f"p{i}", "ground_truth": str(i)} for i in range(count)]
 
 
-def _producer(rollout, loader, *, start=None, staleness=1, B=4, chunk=3, n=2) -> AsyncProducer:
+def _producer(rollout, loader, *, start=None, staleness=1, B=4, chunk=3, n=2, **kw) -> AsyncProducer:
     start = start or Start(loader.state_dict(), 0, 0)
-    return AsyncProducer(rollout, loader, start, version=0, n=n, temperature=1.0, staleness=staleness,
-                         batch_prompts=B, chunk_prompts=chunk, seed=0)
+    return AsyncProducer(LocalBehaviour(rollout, seed=0, copy_model=False), loader, start, version=0, n=n,
+                         temperature=1.0, staleness=staleness, batch_prompts=B, chunk_prompts=chunk, seed=0, **kw)
 
 
 def _take_groups(p: AsyncProducer, groups: int, pieces: list[int]) -> Batch:
