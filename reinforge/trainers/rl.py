@@ -82,7 +82,8 @@ class RLTrainer(TrainingLoop):
         a, want = self.cfg.algorithm, self.cfg.data.train_batch_size
         if self.cfg.rollout.staleness > 0:
             if self.producer is None:
-                self.producer = async_rollout.start_producer(self)
+                # behaviour_policy: a BehaviourPolicy set by a distributed setup (None: the local copy)
+                self.producer = async_rollout.start_producer(self, getattr(self, "behaviour_policy", None))
             batch, metrics, reward = async_rollout.collect(
                 self.producer, self.reward.score, self.timer, want=want, n=self.cfg.rollout.n,
                 dynamic=a.dynamic_sampling, max_rounds=a.max_gen_rounds if a.dynamic_sampling else 1)
