@@ -250,6 +250,18 @@ def test_resume_with_staleness_continues_the_prompts(tiny_model_dir, arith_data,
     assert _no_producer_thread()
 
 
+def test_partial_rollouts_with_the_timing_schedule(tiny_model_dir, arith_data, tmp_path):
+    """rollout.partial with the timing schedule: rows switch to new weights as they arrive; the
+    per-token lag never exceeds the per-row one, and both stay within the bound."""
+    run = tmp_path / "partial"
+    RLTrainer(_cfg(tiny_model_dir, arith_data, run, **{"rollout.staleness": 1, "trainer.total_steps": 3,
+                                                       "rollout.partial": True})).fit()
+    rows = _rows(run)
+    assert all(r["rollout/staleness_token_max"] <= r["rollout/staleness_max"] <= 1 for r in rows)
+    assert all(r["rollout/staleness_token_mean"] <= r["rollout/staleness_mean"] for r in rows)
+    assert _no_producer_thread()
+
+
 def test_an_exception_in_the_trainer_stops_the_producer(tiny_model_dir, arith_data, tmp_path):
     trainer = RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / "boom", **{"rollout.staleness": 1}))
 
@@ -263,11 +275,15 @@ def test_an_exception_in_the_trainer_stops_the_producer(tiny_model_dir, arith_da
 
 
 @pytest.mark.parametrize("override, match", [("rollout.backend=hf", "needs rollout.backend=lean"),
-                                             ("trainer.backend=ray", "trainer.backend=local only")])
+                                             ("trainer.backend=ray", "trainer.backend=local only"),
+                                             ("rollout.schedule=sometimes", "rollout.schedule"),
+                                             ("rollout.max_turns=2", "rollout.partial=true runs single-turn"),
+                                             ("rollout.dtype=bfloat16", "rollout.partial=true swaps")])
 def test_staleness_refuses_what_it_cannot_drive(tiny_model_dir, arith_data, tmp_path, override, match):
     key, value = override.split("=")
+    partial = {"rollout.partial": True} if "partial" in match else {}
     with pytest.raises(ConfigError, match=match):
-        plan_rl(_cfg(tiny_model_dir, arith_data, tmp_path / "bad", **{"rollout.staleness": 1, key: value}))
+        plan_rl(_cfg(tiny_model_dir, arith_data, tmp_path / "bad", **{"rollout.staleness": 1, key: value, **partial}))
 
 
 
@@ -315,15 +331,17 @@ def _exact_rows(run: Path) -> list[dict]:
             for r in _rows(run)]
 
 
-@pytest.mark.parametrize("staleness, dynamic", [(1, False), (2, True)])
-def test_deterministic_schedule_resumes_bit_exactly(tiny_model_dir, arith_data, tmp_path, staleness, dynamic):
+@pytest.mark.parametrize("staleness, dynamic, partial", [(1, False, False), (2, True, False), (1, False, True)])
+def test_deterministic_schedule_resumes_bit_exactly(tiny_model_dir, arith_data, tmp_path, staleness, dynamic,
+                                                    partial):
     """A run crashed at step 3 (its checkpoint at step 2 holds rows in flight) and resumed equals
-    the uninterrupted run: every logged value and the final weights, bit for bit."""
+    the uninterrupted run: every logged value and the final weights, bit for bit; with partial
+    rollouts too (the switch to newer weights at a fixed position: tokens newer than rows)."""
     from safetensors.torch import load_file
 
     extra = {"rollout.staleness": staleness, "rollout.schedule": "deterministic", "trainer.total_steps": 4,
              "trainer.save_every": 1, "trainer.keep_last": 4, "rollout.stream_prompts": 3,
-             "algorithm.dynamic_sampling": dynamic, "algorithm.max_gen_rounds": 2}
+             "algorithm.dynamic_sampling": dynamic, "algorithm.max_gen_rounds": 2, "rollout.partial": partial}
     full = tmp_path / "full"
     RLTrainer(_cfg(tiny_model_dir, arith_data, full, **extra)).fit()
     part = tmp_path / "part"
@@ -343,7 +361,59 @@ def test_deterministic_schedule_resumes_bit_exactly(tiny_model_dir, arith_data, 
     a, b = _exact_rows(full), _exact_rows(part)
     assert [r["step"] for r in b] == [1, 2, 3, 4] and a == b
     assert max(r["rollout/staleness_max"] for r in a) == staleness
+    # the rows in flight the checkpoint saved: only partial rollouts mix versions within a row
+    saved = torch.load(part / "checkpoints" / "step_2" / async_rollout.CHUNKS_FILE, weights_only=False)
+    assert saved and sum(len(c["tensors"]["group_ids"]) for c in saved) > 0
+    mixed = [bool((c["tensors"]["token_versions"] != c["tensors"]["policy_version"][:, None])
+                  [c["tensors"]["response_mask"].bool()].any()) for c in saved]
+    assert any(mixed) == partial
     wa = load_file(str(full / "checkpoints" / "step_4" / "actor.safetensors"))
     wb = load_file(str(part / "checkpoints" / "step_4" / "actor.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
     assert _no_producer_thread()
+
+
+# ---- partial rollouts ------------------------------------------------------------------------
+
+def test_partial_rollout_tokens_are_sampled_by_their_stamped_version(tiny_model_dir):
+    """Weights swapped at positions 2 and 4 (versions 0 -> 1 -> 2): each token's recorded log-prob
+    equals a full forward of the weights its token_versions names (1e-5, fp32), and a row that
+    saw a switch differs from what the old weights give (the switch really took effect)."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforge.models.forward import response_logprobs
+    from reinforge.tasks import build_char_tokenizer
+    from reinforge.workers.rollout.lean import LeanRollout
+
+    tok = build_char_tokenizer()
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).float()
+    g = torch.Generator().manual_seed(0)
+    base = {k: p.detach().clone() for k, p in model.named_parameters()}
+    weights = [base] + [{k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(2)]
+    engine = LeanRollout(model, tok, max_prompt_length=8, max_response_length=6)
+    policy = LocalBehaviour(engine, seed=0, copy_model=False)
+    assert policy.partial_ok
+    policy.load(0, None)
+
+    def refresh(t: int):
+        if t in (2, 4):
+            policy.load(t // 2, weights[t // 2])
+            return t // 2
+        return None
+
+    prompts = Batch({"uid": torch.arange(3)}, {"prompt_ids": [tok.encode(s) for s in ("1+2=", "33+4=", "7=")]})
+    batch = policy.generate(prompts, n=2, temperature=1.0, seed=5, refresh=refresh)
+    tv, mask = batch["token_versions"], batch["response_mask"].bool()
+    assert tv.shape == batch["responses"].shape and torch.equal(batch["policy_version"], tv[:, 0])
+    assert set(tv[mask].tolist()) == {0, 1, 2}
+    with torch.no_grad():
+        per_version = []
+        for w in weights:
+            for k, p in model.named_parameters():
+                p.copy_(w[k])
+            lp, _ = response_logprobs(model, batch["input_ids"], batch["attention_mask"], tv.shape[1])
+            per_version.append(lp)
+    expected = torch.stack(per_version).gather(0, tv[None])[0]
+    assert torch.allclose(batch["rollout_log_probs"][mask], expected[mask], atol=1e-5, rtol=0)
+    later = mask & (tv > 0)
+    assert (batch["rollout_log_probs"][later] - per_version[0][later]).abs().max() > 1e-3

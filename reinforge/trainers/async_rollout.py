@@ -118,6 +118,7 @@ class AsyncProducer:
         self.queue: deque[Chunk] = deque(saved or ())
         self.pending = sum(c.prompts - c.taken for c in self.queue)  # prompts queued or being generated
         self.inflight: Start | None = None
+        self.inflight_version = version
         self.base_version = version
         # published weights: timing keeps the newest only; deterministic every version a chunk
         # still to generate may need (>= the last one used); the policy holds `version` already
@@ -184,19 +185,22 @@ class AsyncProducer:
             return self._next_start()
 
     def state(self) -> tuple[Start, list[Chunk]]:
-        """The deterministic schedule's checkpoint: (where the next chunk to generate starts, the
-        untaken rows of every chunk generated so far). Waits until every chunk whose version is
-        older than the newest published one is generated, so that a resumed run, which has the
-        newest weights only, never needs an older version: those rows are saved instead."""
+        """The deterministic schedule's checkpoint: (where the first chunk not generated yet
+        starts, the untaken rows of every chunk generated so far). Waits until every chunk whose
+        version is older than the newest published one is generated, so that a resumed run,
+        which has the newest weights only, never needs an older version: those rows are saved
+        instead. A chunk in flight at the newest version is left to be generated again after a
+        resume: from the same weights and seed, it comes out the same."""
         with self.cond:
             while self.error is None and not self.stopping and (
-                    self.inflight is not None or self._version_of(self._peek_uid()) < self.version):
+                    (self.inflight is not None and self.inflight_version < self.version)
+                    or (self.inflight is None and self._version_of(self.next_uid) < self.version)):
                 self.cond.wait()
             if self.error is not None:
                 raise RuntimeError("the asynchronous rollout producer failed") from self.error
             chunks = [Chunk(c.batch.index(range(c.taken * self.n, c.prompts * self.n)), c.start.advanced(c.taken),
                             c.prompts - c.taken, c.gen_s) for c in self.queue]
-            return self._next_start(), chunks
+            return (self.inflight if self.inflight is not None else self._next_start()), chunks
 
     def stop(self) -> None:
         """Stop after the chunk in progress. A chunk still running after STOP_TIMEOUT_S is left to
@@ -215,9 +219,6 @@ class AsyncProducer:
         if self.round and self.offset == len(self.round):  # the round is used up: the next one
             return Start(self.loader.state_dict(), 0, self.next_uid)
         return Start(self.round_state, self.offset, self.next_uid)
-
-    def _peek_uid(self) -> int:
-        return self.next_uid
 
     def _version_of(self, first_uid: int) -> int:
         return chunk_version(first_uid, self.batch_prompts, self.staleness, self.base_version)
@@ -244,11 +245,12 @@ class AsyncProducer:
             raise Stopped()
         return target if self.version >= target else self.version
 
-    def _take_snapshot(self, version: int):
+    def _take_snapshot(self, version: int, prune: bool = True):
         """Under the lock: the weights to load for `version` (None: the policy holds them), and
-        the deterministic schedule forgets older snapshots (no later chunk uses them)."""
+        the deterministic schedule forgets the snapshots older than a chunk's version (`prune`;
+        no later chunk starts at an older one; a partial rollout's switch prunes nothing)."""
         snap = None if version == self.policy.version else self.snapshots[version]
-        if self.deterministic:
+        if self.deterministic and prune:
             for v in [v for v in self.snapshots if v < version]:
                 del self.snapshots[v]
         return snap
@@ -258,21 +260,23 @@ class AsyncProducer:
         if version != self.policy.version:
             self.policy.load(version, snap)
 
-    def _refresh(self, switch_at: int):
-        """The partial rollout's refresh(t) for the chunk being generated (behaviour.Refresh)."""
+    def _refresh(self, switch_at: int, version: int):
+        """The partial rollout's refresh(t) for the chunk being generated at `version`
+        (behaviour.Refresh). Deterministic: one switch, to version + 1 at position `switch_at`
+        (each micro-batch of the chunk passes it; the first switch loads, the others find it)."""
         def refresh(t: int) -> int | None:
             with self.cond:
                 if self.stopping:
                     raise Stopped()
                 if self.deterministic:
-                    if t != switch_at:
+                    if t != switch_at or self.policy.version > version:
                         return None
-                    v = self._wait_for_version(self.policy.version + 1)
+                    v = self._wait_for_version(version + 1)
                 else:
                     v = self.version
                 if v == self.policy.version:
                     return None
-                snap = self._take_snapshot(v)
+                snap = self._take_snapshot(v, prune=False)
             self._use(v, snap)
             return v
         return refresh
@@ -291,11 +295,11 @@ class AsyncProducer:
                         version = self.version
                     items, start = self._draw()
                     self.pending += len(items)
-                    self.inflight = start
+                    self.inflight, self.inflight_version = start, version
                     snap = self._take_snapshot(version)
                 self._use(version, snap)
                 seed = chunk_seed(self.seed, start.uid) if self.deterministic else None
-                refresh = self._refresh(partial_switch_position(self.response_length)) if self.partial else None
+                refresh = self._refresh(partial_switch_position(self.response_length), version) if self.partial else None
                 t0 = time.perf_counter()
                 batch = self.policy.generate(prompts_batch(items, start.uid), n=self.n, temperature=self.temperature,
                                              seed=seed, refresh=refresh)
@@ -387,7 +391,10 @@ def start_producer(trainer, policy: BehaviourPolicy | None = None) -> AsyncProdu
     B = cfg.data.train_batch_size
     chunk = r.stream_prompts or max(1, r.micro_batch_size // r.n)
     # started inside the first step() after the loop counted it: step_idx - 1 steps are done
-    return AsyncProducer(policy, trainer.loader, start, version=trainer.step_idx - 1, n=r.n, temperature=r.temperature,
-                         staleness=r.staleness, batch_prompts=B, chunk_prompts=chunk, seed=cfg.trainer.seed,
-                         schedule=r.schedule, partial=r.partial, response_length=r.max_response_length,
-                         saved=getattr(trainer, "resume_chunks", None))
+    producer = AsyncProducer(policy, trainer.loader, start, version=trainer.step_idx - 1, n=r.n,
+                             temperature=r.temperature, staleness=r.staleness, batch_prompts=B, chunk_prompts=chunk,
+                             seed=cfg.trainer.seed, schedule=r.schedule, partial=r.partial,
+                             response_length=r.max_response_length, saved=getattr(trainer, "resume_chunks", None))
+    if r.partial:  # a switch moves the policy past the next chunk's version: keep the start's weights
+        producer.publish(trainer.actor_model, trainer.step_idx - 1)
+    return producer
