@@ -25,7 +25,7 @@ from reinforge.protocol import Batch
 from reinforge.rewards.result import RewardResult
 from reinforge.trainers import async_rollout, stages
 from reinforge.seeding import seed_everything
-from reinforge.trainers.checkpoint import (latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
+from reinforge.trainers.checkpoint import (crash_point, latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
                                            save_checkpoint, set_rng_state, write_export)
 from reinforge.trainers.logging import samples_due, write_jsonl
 from reinforge.trainers.loop import TrainingLoop
@@ -226,6 +226,7 @@ class RLTrainer(TrainingLoop):
         if self.producer is not None and self.producer.deterministic:
             # where the next chunk to generate starts, and the rows generated but not trained on
             start, chunks = self.producer.state()
+            crash_point("async:state")
             writers.append(lambda tmp: torch.save(async_rollout.chunks_to_state(chunks), tmp / async_rollout.CHUNKS_FILE))
         elif self.producer is not None:  # timing: the first prompt not yet trained on (async_rollout.Start)
             start = self.producer.resume_point()
