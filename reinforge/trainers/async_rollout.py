@@ -8,9 +8,14 @@ the next steps' samples with a behaviour copy of the policy while the trainer up
     tag every row policy_version = v                 old log-probs, advantages, update
     wait while k x B prompts are queued or in flight publish(actor): version v + 1
 
-- The behaviour copy is a deep copy of the actor's module, touched only by the producer thread;
-  `publish` clones the trainable parameters after each step (LoRA: the adapters only) and the
-  producer loads the newest snapshot before each chunk, so no tensor is read while written.
+- What generates is a BehaviourPolicy (workers/rollout/behaviour.py): `load(version, weights)`,
+  `generate(prompts, n, temperature, seed, refresh)`. The local one (LocalBehaviour) is a deep
+  copy of the actor's module, touched only by the producer thread; `publish` clones the
+  trainable parameters after each step (LoRA: the adapters only) and the producer loads a
+  snapshot before a chunk, outside its lock, so no tensor is read while written.
+- rollout.schedule: `timing` loads the newest snapshot before each chunk; `deterministic`
+  (async_schedule.py) loads version r - k for a chunk of round r, waiting for its publication,
+  and seeds each chunk's sampling from (trainer.seed, the chunk's first uid).
 - Bounded staleness: a chunk starts only while the prompts queued or in flight, itself included,
   number at most k x data.train_batch_size. Each step consumes at least B prompts (dynamic
   sampling consumes more), so a chunk generated at version v is trained on at step v + k at the
@@ -23,13 +28,19 @@ the next steps' samples with a behaviour copy of the policy while the trainer up
   actor, built with the run plan's tis_cap (set when staleness > 0), weights each token's loss by
   min(exp(old - behaviour), tis_cap): the vLLM backend's truncated importance sampling
   (algos/tis.py), reused.
-- Sampling draws from the producer's own torch.Generator (seeded from trainer.seed and the step
-  it starts at), so it never races the trainer's global RNG (validation's fork_rng restores that).
+- Sampling draws from the policy's own torch.Generator (timing: one stream seeded from
+  trainer.seed and the step it starts at; deterministic: one per chunk), so it never races the
+  trainer's global RNG (validation's fork_rng restores that).
+- rollout.partial: the policy asks `refresh(t)` before each response position and continues
+  with newer weights when there are (timing: any published; deterministic: v + 1 at one fixed
+  position); every token records its version (token_versions, rollout/staleness_token_*).
 - Scoring stays on the trainer thread (the reward workers are not shared across threads).
-- Resume: `resume_point` is where the first prompt not yet trained on came from (loader state
-  before its round, offset in the round, uid); a checkpoint stores it, so no prompt is skipped or
-  repeated. Samples generated but not trained at the save are generated again, from the
-  checkpoint's weights: a resumed run is exact only for staleness 0.
+- Resume, timing: `resume_point` is where the first prompt not yet trained on came from (loader
+  state before its round, offset in the round, uid); a checkpoint stores it, so no prompt is
+  skipped or repeated; samples generated but not trained at the save are generated again, from
+  the checkpoint's weights (not exact). Deterministic: `state()` gives the rows generated but
+  not trained (saved as CHUNKS_FILE) and where the next chunk starts, once every chunk of a
+  version older than the checkpoint's is generated: the resumed run is bit-exact.
 
 Shapes: c prompts a chunk, n samples each, B = data.train_batch_size prompts a step.
 """
