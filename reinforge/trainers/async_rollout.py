@@ -310,7 +310,8 @@ class AsyncProducer:
                     snap = self._take_snapshot(version)
                 self._use(version, snap)
                 seed = chunk_seed(self.seed, start.uid) if self.deterministic else None
-                refresh = self._refresh(partial_switch_position(self.response_length), version) if self.partial else None
+                switch_at = partial_switch_position(self.response_length)
+                refresh = self._refresh(switch_at, version) if self.partial else None
                 t0 = time.perf_counter()
                 batch = self.policy.generate(prompts_batch(items, start.uid), n=self.n, temperature=self.temperature,
                                              seed=seed, refresh=refresh)
@@ -372,7 +373,8 @@ def staleness_metrics(batch: Batch, version: int, actor_metrics: dict[str, float
         m = batch["response_mask"].bool()
         tok = (version - batch["token_versions"][m]).float()
         if tok.numel():
-            out.update({"rollout/staleness_token_mean": float(tok.mean()), "rollout/staleness_token_max": float(tok.max())})
+            out.update({"rollout/staleness_token_mean": float(tok.mean()),
+                        "rollout/staleness_token_max": float(tok.max())})
     if "rollout_corr/tis_weight_mean" in actor_metrics:
         out["rollout/is_weight_mean"] = actor_metrics["rollout_corr/tis_weight_mean"]
         out["rollout/is_weight_clipped_frac"] = actor_metrics["rollout_corr/tis_clip_frac"]

@@ -227,7 +227,8 @@ class RLTrainer(TrainingLoop):
             # where the next chunk to generate starts, and the rows generated but not trained on
             start, chunks = self.producer.state()
             crash_point("async:state")
-            writers.append(lambda tmp: torch.save(async_rollout.chunks_to_state(chunks), tmp / async_rollout.CHUNKS_FILE))
+            writers.append(lambda tmp: torch.save(async_rollout.chunks_to_state(chunks),
+                                                  tmp / async_rollout.CHUNKS_FILE))
         elif self.producer is not None:  # timing: the first prompt not yet trained on (async_rollout.Start)
             start = self.producer.resume_point()
         if self.producer is not None:
