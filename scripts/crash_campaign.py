@@ -13,6 +13,12 @@ killed again) to the end, and check what a crash must never cost:
     python scripts/crash_campaign.py                  # 20 trials per trainer
     python scripts/crash_campaign.py --n 5 --trainers sft,dpo --seed 1
     python scripts/crash_campaign.py --kills timing   # no REINFORGE_CRASH_AT hook (any tree)
+    python scripts/crash_campaign.py --n 5 --trainers grpo-async1,grpo-async2
+
+grpo-async1 / grpo-async2: GRPO with the asynchronous producer (rollout.staleness 1 / 2,
+rollout.schedule=deterministic, chunks of 3 prompts in rounds of 4), whose checkpoints hold the
+rows generated but not trained on: every save lands while rows are in flight, and the named
+point `async:state` kills a save right after it gathered them (nothing written yet).
 
 Kills: a random delay within an uninterrupted run's duration; a random delay after a `.tmp_` or
 `.trash_` folder appears (the parent polls every millisecond); and the named points of
@@ -56,6 +62,7 @@ digit_fraction.bounded = True
 STEPS = 4
 # (save:trashed, a save over an existing step_N, cannot happen in a run: resuming drops later steps.)
 SAVE_POINTS = ("save:written", "save:sealed", "save:renamed")
+ASYNC_POINTS = ("async:state",)  # an asynchronous run's save, its rows in flight gathered, nothing written
 PRUNE_POINTS = ("prune:trashed", "rewind:trashed")  # rewind: resuming drops later checkpoints
 EXPORT_POINTS = ("export:written", "export:trashed", "export:renamed")
 # What a trial's first kill aims at: any moment; a save; a prune; a run resumed from its first
@@ -71,13 +78,16 @@ def trainer_argv(trainer: str, work: Path, run_dir: Path) -> list[str]:
     common = {"model.path": model, "trainer.run_dir": run_dir, "trainer.save_every": 1, "trainer.keep_last": 2,
               "trainer.val_before_train": False, "trainer.progress": False, "trainer.loggers": "[jsonl]",
               "trainer.export_hf": True}
-    if trainer in ("ppo", "grpo"):
-        cmd = ["train", "--config", trainer]
+    if trainer in ("ppo", "grpo") or trainer.startswith("grpo-async"):
+        cmd = ["train", "--config", trainer.split("-")[0]]
         over = {"data.train_files": f"[{data / 'train.parquet'}]", "data.val_files": "[]",
                 "data.max_prompt_length": 8, "rollout.max_response_length": 6, "data.train_batch_size": 4,
                 "rollout.n": 4, "trainer.total_steps": STEPS,
                 "reward.functions": f"[{{name: '{work / 'reward.py'}:digit_fraction'}}]",
                 "actor.micro_batch_size": 8, "actor.lr": 1e-3, "critic.lr": 1e-3, "trainer.report": False}
+        if trainer.startswith("grpo-async"):
+            over.update({"rollout.staleness": int(trainer[len("grpo-async"):]), "rollout.schedule": "deterministic",
+                         "rollout.stream_prompts": 3})
     elif trainer == "sft":
         cmd = ["sft", "--config", "sft"]
         over = {"data.train_files": f"[{data / 'sft.parquet'}]", "data.max_length": 16, "data.batch_size": 16,
@@ -91,7 +101,7 @@ def trainer_argv(trainer: str, work: Path, run_dir: Path) -> list[str]:
 
 
 def model_files(trainer: str) -> list[str]:
-    return {"ppo": ["actor", "critic"], "grpo": ["actor"]}.get(trainer, ["model"])
+    return {"ppo": ["actor", "critic"], "grpo": ["actor"]}.get(trainer.split("-")[0], ["model"])
 
 
 # ---- running and killing ---------------------------------------------------------------------
@@ -128,7 +138,7 @@ def _leftover_names(run_dir: Path) -> list[str]:
 def _phase(names: list[str], point: str | None) -> str:
     """Classify a kill by the crash point, or else by the hidden folders present when it landed."""
     if point:
-        return {"rewind": "prune"}.get(point.split(":")[0], point.split(":")[0])
+        return {"rewind": "prune", "async": "save"}.get(point.split(":")[0], point.split(":")[0])
     if any(n.startswith((".tmp_hf", ".trash_hf")) or n == "hf.tmp" for n in names):
         return "export"
     if any(n.startswith(".tmp_step") for n in names):
@@ -285,12 +295,13 @@ def reference_run(trainer: str, work: Path) -> Reference:
     return Reference(run_dir, seconds, metric_rows(run_dir))
 
 
-def first_kill(scenario: str, rng: random.Random, ref: Reference, points: bool) -> Kill:
+def first_kill(scenario: str, rng: random.Random, ref: Reference, points: bool, asynchronous: bool = False) -> Kill:
     """The kill of a trial's first interrupted run (for replace/reexport: of the second run)."""
     export = (".tmp_hf", ".trash_hf", "hf.tmp")  # hf.tmp: the export's temporary before this protocol
     hidden = {"save": (".tmp_step",), "prune": (".trash_step",), "replace": (".tmp_step", ".trash_step"),
               "export": export, "reexport": export}
-    named = {"save": SAVE_POINTS, "prune": PRUNE_POINTS[:1], "replace": SAVE_POINTS + PRUNE_POINTS,
+    save_points = SAVE_POINTS + ASYNC_POINTS if asynchronous else SAVE_POINTS
+    named = {"save": save_points, "prune": PRUNE_POINTS[:1], "replace": save_points + PRUNE_POINTS,
              "export": EXPORT_POINTS, "reexport": EXPORT_POINTS}
     if scenario == "random":
         return Kill(after=rng.uniform(0, ref.seconds))
@@ -336,7 +347,7 @@ def trial(trainer: str, work: Path, ref: Reference, rng: random.Random, tally: T
         extra = ["--resume-from", str(run_dir / "checkpoints" / f"step_{earlier[0]}")] if earlier else []
     else:
         extra = ["--resume"] if scenario == "reexport" else []
-    killed = attempt(extra, first_kill(scenario, rng, ref, points))
+    killed = attempt(extra, first_kill(scenario, rng, ref, points, trainer.startswith("grpo-async")))
     kills = 1
     while killed or not (run_dir / "hf").exists():
         tally.resumes += 1

@@ -2,6 +2,9 @@
 sampled (https://fengyao.notion.site/off-policy-rl): vLLM's kernels and sampling differ slightly
 from the trainer's forward, and the asynchronous producer's behaviour copy lags the weights, so
 each token's policy loss is weighted by min(exp(old_log_probs - rollout_log_probs), cap).
+The correction is per token by construction: `rollout_log_probs` holds each token's log-prob
+under the weights that sampled it, so with partial rollouts (a row's tokens sampled by several
+versions, token_versions) every token is corrected against its own behaviour version.
 
 Shapes: B sequences, T response tokens.
 """

@@ -206,6 +206,14 @@ def validate(cfg: RLConfig) -> RLConfig:
     if r.staleness > 0:  # the producer thread runs on a copy of the local actor
         need(cfg.trainer.backend == "local", f"rollout.staleness={r.staleness} runs with trainer.backend=local only; "
                                              f"with trainer.backend=ray set rollout.staleness=0")
+    check_choice(r.schedule, ("timing", "deterministic"), "rollout.schedule")
+    need(not r.partial or r.staleness > 0, "rollout.partial=true interrupts the asynchronous producer's "
+                                           "generations: set rollout.staleness >= 1 (or rollout.partial=false)")
+    need(not r.partial or r.max_turns == 1, f"rollout.partial=true runs single-turn rollouts only (got "
+                                            f"rollout.max_turns={r.max_turns}); set rollout.partial=false")
+    need(not r.partial or r.dtype in ("auto", "model"), f"rollout.partial=true swaps the weights the lean loop "
+                                                        f"decodes with; rollout.dtype={r.dtype} decodes from a copy: "
+                                                        f"set rollout.dtype=model")
     check_agent(r)
     if a.adv_estimator in advantages.NEEDS_GROUPS:
         need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "

@@ -54,8 +54,9 @@ def set_rng_state(state: dict) -> None:
 
 def crash_point(name: str) -> None:
     """Test hook of scripts/crash_campaign.py: REINFORGE_CRASH_AT=<name> SIGKILLs this process at
-    that point: save:written|sealed|trashed|renamed, export:written|trashed|renamed, and
-    <label>:trashed of remove_dir (prune, rewind). Unset, it costs one environment lookup."""
+    that point: save:written|sealed|trashed|renamed, export:written|trashed|renamed,
+    <label>:trashed of remove_dir (prune, rewind), and async:state (an asynchronous RL save
+    that gathered its rows in flight, trainers/rl.py). Unset, it costs one environment lookup."""
     if os.environ.get("REINFORGE_CRASH_AT") == name:
         os.kill(os.getpid(), signal.SIGKILL)
 

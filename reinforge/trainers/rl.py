@@ -25,7 +25,7 @@ from reinforge.protocol import Batch
 from reinforge.rewards.result import RewardResult
 from reinforge.trainers import async_rollout, stages
 from reinforge.seeding import seed_everything
-from reinforge.trainers.checkpoint import (latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
+from reinforge.trainers.checkpoint import (crash_point, latest_checkpoint, load_checkpoint, no_checkpoint, rng_state,
                                            save_checkpoint, set_rng_state, write_export)
 from reinforge.trainers.logging import samples_due, write_jsonl
 from reinforge.trainers.loop import TrainingLoop
@@ -61,7 +61,7 @@ class RLTrainer(TrainingLoop):
         self.timer, self.step_idx, self.next_uid = StageTimer(self.device), 0, 0
         # rollout.staleness > 0: the producer thread (started at the first step) and, after a
         # resume, the offset of the first untrained prompt in its loader round
-        self.producer, self.resume_offset = None, 0
+        self.producer, self.resume_offset, self.resume_chunks = None, 0, None
         self.n_params = (matmul_params(self.actor_model),
                          matmul_params(self.critic_model) if self.critic_model is not None else 0)
 
@@ -82,7 +82,8 @@ class RLTrainer(TrainingLoop):
         a, want = self.cfg.algorithm, self.cfg.data.train_batch_size
         if self.cfg.rollout.staleness > 0:
             if self.producer is None:
-                self.producer = async_rollout.start_producer(self)
+                # behaviour_policy: a BehaviourPolicy set by a distributed setup (None: the local copy)
+                self.producer = async_rollout.start_producer(self, getattr(self, "behaviour_policy", None))
             batch, metrics, reward = async_rollout.collect(
                 self.producer, self.reward.score, self.timer, want=want, n=self.cfg.rollout.n,
                 dynamic=a.dynamic_sampling, max_rounds=a.max_gen_rounds if a.dynamic_sampling else 1)
@@ -221,13 +222,20 @@ class RLTrainer(TrainingLoop):
         state = TrainerState(step=self.step_idx, next_uid=self.next_uid, rng=rng_state(),
                              loader=self.loader.state_dict(),
                              kl_ctrl=self.kl_ctrl.state_dict() if self.kl_ctrl is not None else None)
-        if self.producer is not None:  # the first prompt not yet trained on (async_rollout.Start)
+        writers = [lambda tmp: {n: r.save(tmp) for n, r in self._roles().items()}]
+        if self.producer is not None and self.producer.deterministic:
+            # where the next chunk to generate starts, and the rows generated but not trained on
+            start, chunks = self.producer.state()
+            crash_point("async:state")
+            writers.append(lambda tmp: torch.save(async_rollout.chunks_to_state(chunks),
+                                                  tmp / async_rollout.CHUNKS_FILE))
+        elif self.producer is not None:  # timing: the first prompt not yet trained on (async_rollout.Start)
             start = self.producer.resume_point()
+        if self.producer is not None:
             state.loader, state.next_uid, state.async_offset = start.loader_state, start.uid, start.offset
         # each role writes its files into the temporary folder and returns its entry of the state
         return save_checkpoint(self.run_dir / "checkpoints", self.step_idx, {}, state.to_dict(), self.plan.to_dict(),
-                               self.cfg.trainer.keep_last,
-                               writers=(lambda tmp: {n: r.save(tmp) for n, r in self._roles().items()},))
+                               self.cfg.trainer.keep_last, writers=tuple(writers))
 
     def resume(self, path: str | None = None) -> int:
         """Load the latest (or given) checkpoint; returns its step (0 when none exists)."""
@@ -237,6 +245,9 @@ class RLTrainer(TrainingLoop):
         state = TrainerState.from_dict(load_checkpoint(ckpt, {}))
         self.step_idx, self.next_uid = state.step, state.next_uid
         self.resume_offset = state.async_offset or 0
+        chunks = ckpt / async_rollout.CHUNKS_FILE  # a deterministic asynchronous run's rows in flight
+        self.resume_chunks = async_rollout.chunks_from_state(torch.load(chunks, weights_only=False)) \
+            if chunks.is_file() else None
         self.loader.load_state_dict(state.loader)
         for name, role in self._roles().items():
             role.load(ckpt, state.roles[name])

@@ -16,6 +16,13 @@ parameters, LoRA layers included, are used: nothing to copy or sync), with:
   draw per row (`sample_inverse_cdf`) instead of torch.multinomial, whose exponential-race
   kernel draws V random numbers per row (~10x the cost at V = 152k); same distribution,
   another random stream, so smaller vocabularies keep multinomial's samples bit for bit.
+- partial rollouts (rollout.partial; `generate(..., refresh=, version=)`): before sampling
+  response position t >= 1 the loop calls refresh(t); when it returns a new version (the
+  caller has loaded its weights into the module), the KV cache of the rows still decoding is
+  recomputed under the new weights (one prefill of prompt + the t tokens so far), so every
+  later token's recorded log-prob is exactly the new version's, as the trainer will score it;
+  keeping the old cache would make those log-probs a mix of two policies. `token_versions`
+  (B, T) records the version that sampled each token.
 Qwen2 / Qwen3 / Llama configs with full attention only (their decoder layers share one call
 signature), and Qwen2-VL's language model (image prompts: the prefill takes the prompt's
 embeddings with the image features and M-RoPE positions, workers/rollout/vlm.py); other
@@ -115,6 +122,30 @@ class LeanRollout(HFRollout):
         if dtype not in ("model", *DTYPES):
             raise ValueError(f"rollout.dtype={dtype!r} is not known; valid: {['model', *DTYPES]} (or auto in a config)")
         self.decode_dtype = DTYPES.get(dtype)
+        self._partial = None  # during a partial generation: [refresh, current version, token_versions parts]
+
+    @property
+    def supports_refresh(self) -> bool:
+        """generate(refresh=...) swaps weights mid-generation: the lean loop on the module's own
+        weights (a bf16/fp16 decoding copy would not see the new ones)."""
+        return self.lean and self.decode_dtype is None
+
+    def generate(self, prompts, *, n: int, temperature: float = 1.0, greedy: bool = False, refresh=None,
+                 version: int = 0):
+        """HFRollout.generate; with `refresh` (behaviour.Refresh) a partial rollout starting at
+        `version`, adding token_versions (B, T) int64 (beyond a row's end: its last version)."""
+        if refresh is None:
+            return super().generate(prompts, n=n, temperature=temperature, greedy=greedy)
+        if not self.supports_refresh:
+            raise NotImplementedError("partial rollouts need the lean loop on the model's own weights")
+        self._partial = [refresh, version, []]
+        try:
+            batch = super().generate(prompts, n=n, temperature=temperature, greedy=greedy)
+            tv = torch.cat(self._partial[2])
+        finally:
+            self._partial = None
+        batch["token_versions"] = tv.cummax(dim=1).values  # fill each row's end with its last version
+        return batch
 
     @classmethod
     def from_config(cls, model, tokenizer, r, *, max_prompt_length: int):
@@ -212,7 +243,15 @@ class LeanRollout(HFRollout):
         logps = torch.zeros(B, T, device=dev)
         rows = torch.arange(B, device=dev)  # the output row of each row still decoding
         eos = torch.as_tensor(self.eos_ids, device=dev)
+        partial = self._partial
+        versions = torch.full((B, T), -1, dtype=torch.long) if partial is not None else None
         for t in range(T):
+            if partial is not None and t > 0 and (v := partial[0](t)) is not None:
+                partial[1] = v  # new weights: recompute the cache of the rows still decoding under them
+                cache, logits = self._prefill_again(backbone, head, ids[rep[rows]], resp[rows, :t],
+                                                    keys[:, :P + t], dtype, S)
+            if versions is not None:
+                versions[rows.cpu(), t] = partial[1]
             tok, lp = self._pick(logits, greedy, sampling)
             resp[rows, t], logps[rows, t] = tok, lp
             if t == T - 1:
@@ -229,4 +268,20 @@ class LeanRollout(HFRollout):
                     cache, keys, rows, tok, next_pos = cache.rows(keep), keys[keep], rows[keep], tok[keep], next_pos[keep]
             logits = self._forward(backbone, head, tok[:, None], (next_pos + t)[:, None],
                                    keys[:, None, None, :P + t + 1], cache)
+        if versions is not None:
+            partial[2].append(versions)
         return resp.cpu(), logps.cpu()
+
+    def _prefill_again(self, backbone, head, prompt_ids, generated, keys, dtype, S):
+        """A fresh cache for b rows: prompt_ids (b, P) + generated (b, t) under the current weights,
+        keys (b, P + t) the attended positions -> (cache at P + t, next logits (b, V))."""
+        cfg, dev = backbone.config, prompt_ids.device
+        seq = torch.cat([prompt_ids, generated], dim=1)
+        L = seq.shape[1]
+        kv_shape = (len(seq), cfg.num_key_value_heads, S,
+                    getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads)
+        cache = StaticCache.empty(cfg.num_hidden_layers, kv_shape, dtype, dev)
+        causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
+        mask = (causal & keys[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)
+        pos = (keys.long().cumsum(-1) - 1).clamp(min=0)
+        return cache, self._forward(backbone, head, seq, pos, mask[:, None], cache)
