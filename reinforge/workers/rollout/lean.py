@@ -244,6 +244,8 @@ class LeanRollout(HFRollout):
         rows = torch.arange(B, device=dev)  # the output row of each row still decoding
         eos = torch.as_tensor(self.eos_ids, device=dev)
         partial = self._partial
+        if partial is not None and vision is not None:  # _prefill_again has no image embeddings / M-RoPE
+            raise ValueError("rollout.partial=true does not take image prompts yet; set rollout.partial=false")
         versions = torch.full((B, T), -1, dtype=torch.long) if partial is not None else None
         for t in range(T):
             if partial is not None and t > 0 and (v := partial[0](t)) is not None:
