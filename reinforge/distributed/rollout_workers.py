@@ -90,10 +90,13 @@ class RayBehaviour:
     partial_ok = False  # a worker cannot take new weights mid-generation here (rollout.partial)
 
     def __init__(self, group, plan, make_rollout, *, workers: int, timeout_s: float, staleness: int,
-                 threads: int = 1):
+                 threads: int = 1, on_published=None):
+        """`on_published()`: called on the trainer thread once a publication is built and before
+        the producer has it (the crash campaign's kill point `ray:publish`)."""
         import ray
 
         self.group, self.plan, self.make_rollout, self.threads = group, plan, make_rollout, threads
+        self.on_published = on_published
         self.timeout_s, self.staleness = timeout_s, staleness
         self.remote = ray.remote(RolloutWorker).options(num_cpus=threads)
         self.workers = [self._start(i) for i in range(workers)]
@@ -107,7 +110,10 @@ class RayBehaviour:
     def snapshot(self, model, version: int):
         """What AsyncProducer.publish stores for `version`: the handle of a publication built
         on the ranks from their shards (`model` is the driver's weightless skeleton, unused)."""
-        return {"__handle__": self.group.run_all("actor", "publish", version)[0]}
+        handle = self.group.run_all("actor", "publish", version)[0]
+        if self.on_published is not None:
+            self.on_published()
+        return {"__handle__": handle}
 
     # ---- producer side ----------------------------------------------------------------------
     def load(self, version: int, weights) -> None:

@@ -252,10 +252,12 @@ def build_components(plan: RunPlan) -> Components:
         rollout = RankRollout(group, w.actor)  # generation on the ranks: the driver holds no weights
         if cfg.rollout.staleness > 0:  # disaggregated: rollout-worker actors apart from the ranks
             from reinforge.distributed.rollout_workers import RayBehaviour
+            from reinforge.trainers.checkpoint import crash_point
 
             behaviour = RayBehaviour(group, replace(plan, rows={}), build_worker_rollout,
                                      workers=cfg.trainer.rollout_workers, timeout_s=cfg.trainer.weight_sync_timeout_s,
-                                     staleness=cfg.rollout.staleness)
+                                     staleness=cfg.rollout.staleness,
+                                     on_published=lambda: crash_point("ray:publish"))
     else:
         w = build_workers(plan)
         rollout = make_rollout(cfg, w.actor_model, tok)
