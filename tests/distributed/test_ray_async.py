@@ -2,7 +2,8 @@
 weight publications (checksum refused when corrupted, transfer timeout), and a run with 1
 trainer rank + 1 rollout-worker actor whose rows carry their policy versions within the bound,
 whose worker killed mid-run is restarted without changing a bit of the run (deterministic
-schedule: the restarted worker regenerates the failed chunk from the same seed and weights)."""
+schedule: the restarted worker regenerates the failed chunk from the same seed and weights);
+a worker refuses a corrupted publication, and a late one is abandoned after its timeout."""
 from __future__ import annotations
 
 import json
@@ -91,6 +92,22 @@ def test_ray_async_versions_and_a_killed_worker(ray_cluster, tiny_model_dir, ari
         return original(self, prompts, **kw)
 
     trainer = RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / "b"))
+    pol = trainer.behaviour_policy
+    # a worker refuses a corrupted publication and keeps what it holds
+    bad = Publication(5, _tensors(), "0" * 64)
+    with pytest.raises(CorruptPublication):
+        ray.get(pol.workers[0].load.remote(ObjectStoreTransport().send(bad), 10.0))
+    assert ray.get(pol.workers[0].version.remote()) == -1
+    # a publication that never arrives: 3 tries of weight_sync_timeout_s each, then (timing, still
+    # within the bound) generation goes on with the version held; beyond the bound it fails
+    late = ray.remote(_slow).options(num_cpus=0).remote()
+    pol.timeout_s, pol.schedule, pol.staleness, pol.version = 0.2, "timing", 2, 0
+    pol.load(1, {"__handle__": [late]})
+    assert pol.version == 0 and pol.timeouts == 3
+    with pytest.raises(TransferTimeout):
+        pol.load(2, {"__handle__": [late]})
+    ray.cancel(late, force=True)
+    pol.timeout_s, pol.schedule, pol.staleness, pol.version, pol.latest = 60.0, "deterministic", 1, -1, None
     RayBehaviour.generate = killing
     try:
         trainer.fit()
