@@ -91,8 +91,8 @@ class RayBehaviour:
 
     def __init__(self, group, plan, make_rollout, *, workers: int, timeout_s: float, staleness: int,
                  threads: int = 1, on_published=None):
-        """`on_published()`: called on the trainer thread once a publication is built and before
-        the producer has it (the crash campaign's kill point `ray:publish`)."""
+        """`on_published()`: called on the trainer thread once a step's publication is built and
+        before the producer has it (the crash campaign's kill point `ray:publish`)."""
         import ray
 
         self.group, self.plan, self.make_rollout, self.threads = group, plan, make_rollout, threads
@@ -111,7 +111,7 @@ class RayBehaviour:
         """What AsyncProducer.publish stores for `version`: the handle of a publication built
         on the ranks from their shards (`model` is the driver's weightless skeleton, unused)."""
         handle = self.group.run_all("actor", "publish", version)[0]
-        if self.on_published is not None:
+        if self.on_published is not None and model is not None:  # a step's publication, not the start's
             self.on_published()
         return {"__handle__": handle}
 
