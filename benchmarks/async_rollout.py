@@ -2,6 +2,8 @@
 
     python benchmarks/async_rollout.py                  # step-time table (a few minutes)
     python benchmarks/async_rollout.py --learn --seeds 0 1   # held-out greedy after the demo's RL
+    python benchmarks/async_rollout.py --ray            # the same table on trainer.backend=ray
+    python benchmarks/async_rollout.py --learn --ray    # 1 trainer rank + 1 rollout worker vs Ray sync
 
 Timing: the demo's GRPO stage (presets/demo_grpo.yaml: 32 prompts x 8 samples, 5-token
 responses, the demo's ~3M-parameter Qwen2) from a random model, `rollout.ignore_eos=true` so
@@ -30,6 +32,14 @@ SETTINGS = {  # name -> (torch intra-op threads, overrides); async: the producer
 # Two intra-op threads for the synchronous loop: fair on an idle 2-core machine, but on a busy
 # one they spin-wait on each other (37-56 s a step here where one thread took ~9 s), so opt-in.
 TWO_THREADS = {"sync, 2 threads": (2, ["rollout.staleness=0"])}
+# trainer.backend=ray on 2 CPU processes: the synchronous Ray run generates on its one rank; the
+# asynchronous one has 1 trainer rank + 1 rollout-worker actor (distributed/rollout_workers.py).
+# rollout.partial is refused with trainer.backend=ray (the workers cannot swap weights
+# mid-generation yet), so there is no partial-rollout row.
+RAY_SETTINGS = {
+    "ray sync, 1 rank": (1, ["trainer.backend=ray", "rollout.staleness=0"]),
+    "ray staleness 1, 1 rank+1 wkr": (1, ["trainer.backend=ray", "rollout.staleness=1", "trainer.rollout_workers=1"]),
+}
 QUIET = ["trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.report=false"]
 
 
@@ -64,7 +74,7 @@ def timed_steps(model: Path, paths: dict, run_dir: Path, threads: int, overrides
 def timing_table(rows: dict[str, list[dict]]) -> str:
     cols = [("step", "timing_s/step"), ("gen", None), ("wait", "timing_s/gen"),
             ("old_logp", "timing_s/old_log_prob"), ("update", "timing_s/update_actor")]
-    out = [f"{'setting':<28}" + "".join(f"{c:>10}" for c, _ in cols) + f"{'gen+update':>12}{'steps':>7}"]
+    out = [f"{'setting':<32}" + "".join(f"{c:>10}" for c, _ in cols) + f"{'gen+update':>12}{'overlap':>9}{'steps':>7}"]
     for name, rs in rows.items():
         async_ = "timing_s/gen_producer" in rs[0]
         med = {}
@@ -74,8 +84,12 @@ def timing_table(rows: dict[str, list[dict]]) -> str:
             med[c] = statistics.median(vals)
         if not async_:
             med["wait"] = float("nan")
-        out.append(f"{name:<28}" + "".join(f"{med[c]:>10.3f}" for c, _ in cols)
-                   + f"{med['gen'] + med['update']:>12.3f}{len(rs):>7}")
+        # overlap: the share of the shorter of generation and update hidden behind the other
+        # (1: step = max(gen, update); 0: step = gen + update; synchronous: not defined)
+        ov = (med["gen"] + med["update"] - med["step"]) / max(min(med["gen"], med["update"]), 1e-9) if async_ \
+            else float("nan")
+        out.append(f"{name:<32}" + "".join(f"{med[c]:>10.3f}" for c, _ in cols)
+                   + f"{med['gen'] + med['update']:>12.3f}{ov:>9.2f}{len(rs):>7}")
     return "\n".join(out)
 
 
@@ -84,7 +98,11 @@ def bench(args) -> None:
 
     root = Path(args.root) / "timing"
     paths, _ = make_inputs(root, False, 0)  # random init: the demo's model before SFT
-    settings = {**SETTINGS, **(TWO_THREADS if args.two_threads else {})}
+    settings = RAY_SETTINGS if args.ray else {**SETTINGS, **(TWO_THREADS if args.two_threads else {})}
+    if args.ray:
+        import ray
+
+        ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)  # once: ~10 s
     rows: dict[str, list[dict]] = {name: [] for name in settings}
     for _ in range(args.rounds):
         for name, (threads, overrides) in settings.items():
@@ -195,10 +213,11 @@ def learn(args) -> None:
     print(f"{'seed':<6}{'setting':<14}{'greedy base':>12}{'greedy RL':>11}{'sampled RL':>12}{'RL s':>8}")
     for seed in args.seeds:
         paths, base = demo_inputs(Path(args.root), seed)
+        ray = ["trainer.backend=ray", "trainer.rollout_workers=1"] if args.ray else []
         for name, k in (("sync", 0), ("staleness 1", 1)):
             t0 = time.perf_counter()
-            before, final = run_rl(Path(args.root) / f"learn_s{seed}_k{k}", base, paths, seed,
-                                   [*extra, f"rollout.staleness={k}"])
+            before, final = run_rl(Path(args.root) / f"learn_s{seed}_k{k}{'_ray' if ray else ''}", base, paths, seed,
+                                   [*extra, f"rollout.staleness={k}", *ray])
             secs = time.perf_counter() - t0
             print(f"{seed:<6}{name:<14}{before['val/acc_greedy']:>12.3f}{final['val/acc_greedy']:>11.3f}"
                   f"{final['val/acc_sampled']:>12.3f}{secs:>8.0f}", flush=True)
@@ -211,6 +230,7 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=2, help="first steps of each run not counted")
     ap.add_argument("--rounds", type=int, default=2, help="times each setting runs, taking turns")
     ap.add_argument("--two-threads", action="store_true", help="also time the synchronous loop on 2 threads")
+    ap.add_argument("--ray", action="store_true", help="the trainer.backend=ray table (2 CPU processes)")
     ap.add_argument("--learn", action="store_true", help="the learning check instead of timing")
     ap.add_argument("--overlap", action="store_true", help="thread vs process overlap of generation and update")
     ap.add_argument("--gen-iters", type=int, default=8, help="generation rounds (--overlap)")

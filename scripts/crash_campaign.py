@@ -14,11 +14,17 @@ killed again) to the end, and check what a crash must never cost:
     python scripts/crash_campaign.py --n 5 --trainers sft,dpo --seed 1
     python scripts/crash_campaign.py --kills timing   # no REINFORGE_CRASH_AT hook (any tree)
     python scripts/crash_campaign.py --n 5 --trainers grpo-async1,grpo-async2
+    python scripts/crash_campaign.py --n 3 --trainers grpo-ray-async1
 
 grpo-async1 / grpo-async2: GRPO with the asynchronous producer (rollout.staleness 1 / 2,
 rollout.schedule=deterministic, chunks of 3 prompts in rounds of 4), whose checkpoints hold the
 rows generated but not trained on: every save lands while rows are in flight, and the named
 point `async:state` kills a save right after it gathered them (nothing written yet).
+
+grpo-ray-async1 / 2: the same on trainer.backend=ray (1 trainer rank, 1 rollout-worker actor fed
+versioned weight publications, distributed/rollout_workers.py); each run starts its own local Ray
+cluster (~10 s). Its named point `ray:publish` kills the driver once the ranks built a step's
+publication and before the producer has it.
 
 Kills: a random delay within an uninterrupted run's duration; a random delay after a `.tmp_` or
 `.trash_` folder appears (the parent polls every millisecond); and the named points of
@@ -63,6 +69,9 @@ STEPS = 4
 # (save:trashed, a save over an existing step_N, cannot happen in a run: resuming drops later steps.)
 SAVE_POINTS = ("save:written", "save:sealed", "save:renamed")
 ASYNC_POINTS = ("async:state",)  # an asynchronous run's save, its rows in flight gathered, nothing written
+# trainer.backend=ray with rollout workers: the driver killed once the ranks built a weight
+# publication, before the producer has it (after the step's update, before its save)
+RAY_ASYNC_POINTS = ("ray:publish",)
 PRUNE_POINTS = ("prune:trashed", "rewind:trashed")  # rewind: resuming drops later checkpoints
 EXPORT_POINTS = ("export:written", "export:trashed", "export:renamed")
 # What a trial's first kill aims at: any moment; a save; a prune; a run resumed from its first
@@ -78,7 +87,7 @@ def trainer_argv(trainer: str, work: Path, run_dir: Path) -> list[str]:
     common = {"model.path": model, "trainer.run_dir": run_dir, "trainer.save_every": 1, "trainer.keep_last": 2,
               "trainer.val_before_train": False, "trainer.progress": False, "trainer.loggers": "[jsonl]",
               "trainer.export_hf": True}
-    if trainer in ("ppo", "grpo") or trainer.startswith("grpo-async"):
+    if trainer in ("ppo", "grpo") or trainer.startswith(("grpo-async", "grpo-ray-async")):
         cmd = ["train", "--config", trainer.split("-")[0]]
         over = {"data.train_files": f"[{data / 'train.parquet'}]", "data.val_files": "[]",
                 "data.max_prompt_length": 8, "rollout.max_response_length": 6, "data.train_batch_size": 4,
@@ -88,6 +97,8 @@ def trainer_argv(trainer: str, work: Path, run_dir: Path) -> list[str]:
         if trainer.startswith("grpo-async"):
             over.update({"rollout.staleness": int(trainer[len("grpo-async"):]), "rollout.schedule": "deterministic",
                          "rollout.stream_prompts": 3})
+        if trainer.startswith("grpo-ray-async"):
+            over.update(ray_async_overrides(trainer))
     elif trainer == "sft":
         cmd = ["sft", "--config", "sft"]
         over = {"data.train_files": f"[{data / 'sft.parquet'}]", "data.max_length": 16, "data.batch_size": 16,
@@ -98,6 +109,13 @@ def trainer_argv(trainer: str, work: Path, run_dir: Path) -> list[str]:
         over = {"data.train_files": f"[{data / 'prefs.parquet'}]", "data.val_fraction": 0.0, "data.max_length": 16,
                 "data.batch_size": 8, "optim.micro_batch_size": 4, "trainer.total_steps": STEPS, "optim.lr": 3e-3}
     return cmd + [f"{k}={v}" for k, v in {**common, **over}.items()]
+
+
+def ray_async_overrides(trainer: str) -> dict:
+    """grpo-ray-async<k>: the asynchronous GRPO run on Ray, 1 trainer rank + 1 rollout-worker
+    actor (weights as versioned publications), staleness k, deterministic schedule."""
+    return {"trainer.backend": "ray", "trainer.rollout_workers": 1, "rollout.staleness": int(trainer[len("grpo-ray-async"):]),
+            "rollout.schedule": "deterministic", "rollout.stream_prompts": 3}
 
 
 def model_files(trainer: str) -> list[str]:
@@ -295,12 +313,13 @@ def reference_run(trainer: str, work: Path) -> Reference:
     return Reference(run_dir, seconds, metric_rows(run_dir))
 
 
-def first_kill(scenario: str, rng: random.Random, ref: Reference, points: bool, asynchronous: bool = False) -> Kill:
+def first_kill(scenario: str, rng: random.Random, ref: Reference, points: bool, asynchronous: bool = False,
+               ray_points: tuple[str, ...] = ()) -> Kill:
     """The kill of a trial's first interrupted run (for replace/reexport: of the second run)."""
     export = (".tmp_hf", ".trash_hf", "hf.tmp")  # hf.tmp: the export's temporary before this protocol
     hidden = {"save": (".tmp_step",), "prune": (".trash_step",), "replace": (".tmp_step", ".trash_step"),
               "export": export, "reexport": export}
-    save_points = SAVE_POINTS + ASYNC_POINTS if asynchronous else SAVE_POINTS
+    save_points = (SAVE_POINTS + ASYNC_POINTS if asynchronous else SAVE_POINTS) + ray_points
     named = {"save": save_points, "prune": PRUNE_POINTS[:1], "replace": save_points + PRUNE_POINTS,
              "export": EXPORT_POINTS, "reexport": EXPORT_POINTS}
     if scenario == "random":
@@ -347,7 +366,8 @@ def trial(trainer: str, work: Path, ref: Reference, rng: random.Random, tally: T
         extra = ["--resume-from", str(run_dir / "checkpoints" / f"step_{earlier[0]}")] if earlier else []
     else:
         extra = ["--resume"] if scenario == "reexport" else []
-    killed = attempt(extra, first_kill(scenario, rng, ref, points, trainer.startswith("grpo-async")))
+    killed = attempt(extra, first_kill(scenario, rng, ref, points, trainer.startswith(("grpo-async", "grpo-ray-async")),
+                                      RAY_ASYNC_POINTS if trainer.startswith("grpo-ray-async") else ()))
     kills = 1
     while killed or not (run_dir / "hf").exists():
         tally.resumes += 1

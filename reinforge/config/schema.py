@@ -391,6 +391,12 @@ class TrainerConfig(RunConfig):
     """Ray: nodes."""
     devices_per_node: int = 1
     """Ray: data-parallel workers per node."""
+    rollout_workers: int = 1
+    """Ray with rollout.staleness > 0: rollout-worker actors generating apart from the trainer
+    ranks, each with its own engine, fed versioned weight publications (docs/distributed.md)."""
+    weight_sync_timeout_s: float = 60.0
+    """Ray with rollout.staleness > 0: seconds a rollout worker waits for a weight publication
+    before the transfer is abandoned and retried."""
     pass_k: list = field(default_factory=lambda: [1, 4])
     """k values of the unbiased pass@k estimator in validation."""
     log_samples_every: int = 10

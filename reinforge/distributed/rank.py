@@ -76,6 +76,13 @@ class RankProcess:
         out = self.engine.generate(self.models["actor"], version, prompts, kwargs, seed)
         return None if out is None else out.to("cpu")
 
+    def publish(self, role: str, version: int):
+        """Collective: the trainable weights as a versioned publication for the rollout workers
+        (rollout_workers.publish_on_rank) -> its handle on rank 0, None elsewhere."""
+        from reinforge.distributed.rollout_workers import publish_on_rank
+
+        return publish_on_rank(self.models[role], version, self.rank)
+
     def save_sharded(self, role: str, path: str, full_path: str):
         """Collective: this rank's model and optimizer shards go under `path`, and rank 0
         streams the full weights into the safetensors file `full_path` (evaluation, a local

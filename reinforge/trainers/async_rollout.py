@@ -153,7 +153,9 @@ class AsyncProducer:
     # ---- trainer side ------------------------------------------------------------------------
     def publish(self, model, version: int) -> None:
         """Hand the actor's trainable weights after `version` completed steps to the producer."""
-        snap = {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
+        remote = getattr(self.policy, "snapshot", None)  # a remote policy builds its own (Ray: on the ranks)
+        snap = remote(model, version) if remote is not None else \
+            {k: p.detach().clone() for k, p in model.named_parameters() if p.requires_grad}
         with self.cond:
             if not self.deterministic:
                 self.snapshots.clear()

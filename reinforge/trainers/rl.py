@@ -52,6 +52,7 @@ class RLTrainer(TrainingLoop):
         self.rollout, self.reward, self.actor = c.rollout, c.reward, c.actor
         self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl
         self.teacher = c.teacher
+        self.behaviour_policy = c.behaviour_policy  # None: the producer builds its local copy
         self.loader, self.val_items, self.skipped_prompts = c.loader, c.val_items, c.skipped_prompts
         self.run_dir = Path(cfg.trainer.run_dir)
         weight = next(self.actor_model.parameters())  # on the meta device with trainer.backend=ray
@@ -208,6 +209,8 @@ class RLTrainer(TrainingLoop):
     def close(self) -> None:
         if self.producer is not None:
             self.producer.stop()
+        if self.behaviour_policy is not None:
+            self.behaviour_policy.close()
         self.reward.close()
         for role in (self.teacher, self.reference, self.critic, self.actor):  # Ray: stops the ranks now, not at exit
             if role is not None:

@@ -35,6 +35,7 @@ class Components:
     val_items: list
     teacher: ReferenceWorker | None = None  # on-policy distillation (teacher.coef > 0)
     skipped_prompts: int = 0  # training prompts data.overlong_prompt=skip dropped
+    behaviour_policy: Any = None  # Ray with rollout.staleness > 0: the rollout-worker actors
 
 
 class ConcatDataset:
@@ -168,6 +169,14 @@ def build_rank_engine(plan: RunPlan, actor_model, rank: int, world: int):
     return RankEngine(make_rollout(cfg, dense, tok), dense)
 
 
+def build_worker_rollout(plan: RunPlan):
+    """A Ray rollout worker's engine (distributed/rollout_workers.py): the lean/hf rollout on its
+    own unsharded frozen copy of the actor, which the worker's publications overwrite."""
+    cfg, m = plan.cfg, plan.cfg.model
+    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    return make_rollout(cfg, load_actor_model(plan, train=False), tok)
+
+
 def model_skeleton(plan: RunPlan, critic: bool = False):
     """The actor's (or critic's) modules and parameter shapes on the meta device, without
     weights: what the driver of a Ray run keeps, to count FLOPs."""
@@ -233,6 +242,7 @@ def build_components(plan: RunPlan) -> Components:
     cfg = plan.cfg
     check_writable(cfg.trainer.run_dir)  # before any model loads
     device, m = plan.device, cfg.model
+    behaviour = None
     tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     train, val_items, skipped = load_data(plan, tok)
     if cfg.trainer.backend == "ray":
@@ -240,6 +250,14 @@ def build_components(plan: RunPlan) -> Components:
         from reinforge.distributed.proxies import RankRollout
 
         rollout = RankRollout(group, w.actor)  # generation on the ranks: the driver holds no weights
+        if cfg.rollout.staleness > 0:  # disaggregated: rollout-worker actors apart from the ranks
+            from reinforge.distributed.rollout_workers import RayBehaviour
+            from reinforge.trainers.checkpoint import crash_point
+
+            behaviour = RayBehaviour(group, replace(plan, rows={}), build_worker_rollout,
+                                     workers=cfg.trainer.rollout_workers, timeout_s=cfg.trainer.weight_sync_timeout_s,
+                                     staleness=cfg.rollout.staleness,
+                                     on_published=lambda: crash_point("ray:publish"))
     else:
         w = build_workers(plan)
         rollout = make_rollout(cfg, w.actor_model, tok)
@@ -250,4 +268,4 @@ def build_components(plan: RunPlan) -> Components:
     teacher = make_teacher(plan, w.actor) if plan.teacher_enabled else None
     return Components(tok, w.actor_model, w.critic_model, rollout, reward, w.actor, w.reference,
                       w.critic, kl_ctrl, PromptLoader(train, cfg.data.train_batch_size, seed=cfg.data.seed), val_items,
-                      teacher, skipped)
+                      teacher, skipped, behaviour)

@@ -1,0 +1,195 @@
+"""Rollout workers as their own Ray actors, apart from the FSDP2 trainer ranks
+(trainer.backend=ray, rollout.staleness > 0, trainer.rollout_workers=M): the behaviour policy
+of the asynchronous producer (workers/rollout/behaviour.py) when it runs disaggregated.
+
+    trainer ranks (FSDP2)                 driver (producer thread)            rollout workers (M actors)
+    update; rank 0 gathers the trainable  publish: keep the handle only  -->  fetch (timeout), verify the
+    tensors one at a time (weights.py),                                        checksum, load; generate
+    Publication.make, transport.send                                           a share of each chunk
+
+- Each worker builds its own engine (`make_rollout(plan)`: lean / hf on an unsharded frozen
+  model, on CPU here) and wraps it in a LocalBehaviour, so what a worker records per row
+  (rollout_log_probs, token_versions, policy_version) is exactly the local producer's.
+- The driver holds no weights: only the latest publication's handle (an object-store ref owned
+  by trainer rank 0, which holds that one publication's tensors until the next replaces it).
+- A transfer that does not finish within trainer.weight_sync_timeout_s is abandoned and
+  retried (WEIGHT_SYNC_TRIES times). Under the timing schedule a worker that still has not got it
+  keeps generating with its previous version while that stays within rollout.staleness of the
+  wanted one (the rows are stamped with the version that really sampled them); beyond it, or under
+  the deterministic schedule, the producer fails with the transfer error.
+- A worker that dies (its process killed, out of memory) is started again, loads the latest
+  publication and repeats the call it failed: training does not stop.
+- A chunk of c prompts is split into M contiguous shares generated in parallel; with a chunk
+  seed s, share i samples from prompt_seed(s, i) (engine.py), so a run with the same M and seed
+  samples the same rows.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import torch
+
+from reinforge.distributed.engine import prompt_seed
+from reinforge.distributed.publication import Publication
+from reinforge.distributed.transport import ObjectStoreTransport, TransferTimeout
+from reinforge.protocol import Batch
+
+WEIGHT_SYNC_TRIES = 3
+
+
+class RolloutWorker:
+    """One rollout actor: its own engine, the version it holds, and the transfer in."""
+
+    def __init__(self, plan, make_rollout, index: int, threads: int = 1):
+        from reinforge.workers.rollout.behaviour import LocalBehaviour
+
+        torch.set_num_threads(threads)
+        rollout = make_rollout(plan)
+        seed = plan.cfg.trainer.seed * 1_000_003 + 7919 * (index + 1)  # this worker's own stream (timing)
+        self.policy = LocalBehaviour(rollout, seed=seed, copy_model=False)
+        self.transport = ObjectStoreTransport()
+
+    def pid(self) -> int:
+        return os.getpid()
+
+    def version(self) -> int:
+        return self.policy.version
+
+    def load(self, handle, timeout_s: float, rename_only: bool = False) -> int:
+        """Fetch, verify and load a publication (CorruptPublication / TransferTimeout raise and
+        leave the loaded weights as they were) -> the version now held."""
+        pub = self.transport.fetch(handle, timeout_s).verify()
+        self.policy.load(pub.version, pub.tensors)
+        return pub.version
+
+    def generate(self, prompts: Batch, n: int, temperature: float, seed: int | None) -> Batch:
+        return self.policy.generate(prompts, n=n, temperature=temperature, seed=seed)
+
+
+def publish_on_rank(model, version: int, rank: int):
+    """Collective (every trainer rank): gather the trainable parameters one at a time; rank 0
+    builds the Publication and puts it in the object store -> its handle on rank 0, else None."""
+    from reinforge.distributed.weights import full_tensor
+
+    tensors = {}
+    for name, p in model.named_parameters():
+        if p.requires_grad:
+            t = full_tensor(p.detach())
+            if rank == 0:
+                tensors[name] = t.cpu().clone()
+    if rank != 0:
+        return None
+    return ObjectStoreTransport().send(Publication.make(version, tensors))
+
+
+class RayBehaviour:
+    """The BehaviourPolicy (workers/rollout/behaviour.py) of a disaggregated Ray run: M rollout
+    worker actors fed with publications from the trainer ranks (`group`, a RayWorkerGroup)."""
+
+    partial_ok = False  # a worker cannot take new weights mid-generation here (rollout.partial)
+
+    def __init__(self, group, plan, make_rollout, *, workers: int, timeout_s: float, staleness: int,
+                 threads: int = 1, on_published=None):
+        """`on_published()`: called on the trainer thread once a step's publication is built and
+        before the producer has it (the crash campaign's kill point `ray:publish`)."""
+        import ray
+
+        self.group, self.plan, self.make_rollout, self.threads = group, plan, make_rollout, threads
+        self.on_published = on_published
+        self.timeout_s, self.staleness = timeout_s, staleness
+        self.remote = ray.remote(RolloutWorker).options(num_cpus=threads)
+        self.workers = [self._start(i) for i in range(workers)]
+        self.version, self.latest, self.restarts, self.timeouts = -1, None, 0, 0
+        self.schedule = plan.cfg.rollout.schedule
+
+    def _start(self, i: int):
+        return self.remote.remote(self.plan, self.make_rollout, i, self.threads)
+
+    # ---- trainer side (the trainer thread: calls the ranks) ----------------------------------
+    def snapshot(self, model, version: int):
+        """What AsyncProducer.publish stores for `version`: the handle of a publication built
+        on the ranks from their shards (`model` is the driver's weightless skeleton, unused)."""
+        handle = self.group.run_all("actor", "publish", version)[0]
+        if self.on_published is not None and model is not None:  # a step's publication, not the start's
+            self.on_published()
+        return {"__handle__": handle}
+
+    # ---- producer side ----------------------------------------------------------------------
+    def load(self, version: int, weights) -> None:
+        """`weights`: a `snapshot`'s dict, or None at the producer's start, when the workers get
+        the ranks' current weights (the start's, or a resumed checkpoint's) published now."""
+        if weights is None:
+            weights = self.snapshot(None, version)
+        self.latest = weights["__handle__"]
+        for attempt in range(WEIGHT_SYNC_TRIES):
+            try:
+                self._call_all(lambda w: w.load.remote(self.latest, self.timeout_s), timeout=2 * self.timeout_s + 30)
+                self.version = version
+                return
+            except TransferTimeout as e:
+                self.timeouts += 1
+                err = e
+        if self.schedule == "timing" and self.version >= 0 and version - self.version < self.staleness:
+            print(f"[reinforge] warning: {err}; generating with v{self.version} meanwhile", file=sys.stderr)
+            return
+        raise err
+
+    def generate(self, prompts: Batch, *, n: int, temperature: float, seed: int | None = None, refresh=None) -> Batch:
+        if refresh is not None:
+            raise NotImplementedError("rollout.partial with Ray rollout workers")
+        B0, M = len(prompts), len(self.workers)
+        bounds = [(B0 * i // M, B0 * (i + 1) // M) for i in range(M)]
+        shares = [(i, lo, hi) for i, (lo, hi) in enumerate(bounds) if hi > lo]
+        outs = self._call(shares, lambda w, s: w.generate.remote(
+            prompts.index(list(range(s[1], s[2]))), n, temperature,
+            None if seed is None else (seed if len(shares) == 1 else prompt_seed(seed, s[0]))))
+        return Batch.concat(outs) if len(outs) > 1 else outs[0]
+
+    def pids(self) -> list[int]:
+        import ray
+
+        return ray.get([w.pid.remote() for w in self.workers])
+
+    def close(self) -> None:
+        import ray
+
+        for w in self.workers:
+            ray.kill(w, no_restart=True)
+        self.workers = []
+
+    # ---- calls that survive a worker's death -------------------------------------------------
+    def _call_all(self, fn, timeout: float | None = None) -> list:
+        return self._call([(i,) for i in range(len(self.workers))], lambda w, s: fn(w), timeout)
+
+    def _call(self, items: list, fn, timeout: float | None = None) -> list:
+        """fn(worker, item) -> ref for each item (item[0]: the worker's index); a worker found
+        dead is restarted, given the latest publication, and its item called again."""
+        import ray
+
+        out = {}
+        todo = list(items)
+        while todo:
+            refs = {fn(self.workers[s[0]], s): s for s in todo}
+            todo = []
+            for ref, s in refs.items():
+                try:
+                    out[s] = ray.get(ref, timeout=timeout)
+                except ray.exceptions.RayActorError:
+                    self._restart(s[0])
+                    todo.append(s)
+                except ray.exceptions.GetTimeoutError:
+                    raise TransferTimeout(f"rollout worker {s[0]} did not answer within {timeout:g} s") from None
+                except ray.exceptions.RayTaskError as e:
+                    raise e.as_instanceof_cause() from None
+        return [out[s] for s in items]
+
+    def _restart(self, i: int) -> None:
+        import ray
+
+        self.restarts += 1
+        print(f"[reinforge] rollout worker {i} died: restarting it (restart {self.restarts})", file=sys.stderr)
+        ray.kill(self.workers[i], no_restart=True)
+        self.workers[i] = self._start(i)
+        if self.latest is not None:
+            ray.get(self.workers[i].load.remote(self.latest, self.timeout_s))
