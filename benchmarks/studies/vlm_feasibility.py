@@ -30,9 +30,8 @@ answer, 0.17-0.25):
 What it shows: SFT sits at chance for 300-450 steps and then learns the task within ~100
 steps (a sharp onset), at a step that differs between seeds and even between two runs of the
 same seed (the 400-step base of seed 0 was 0.585 once and 1.000 the other time: the onset moved
-from ~380 to ~300 steps; the machine's thread scheduling changed nothing numerically, so the
-difference is in the drawn images: `draw` was changed in between to scale shapes with the
-cell). A fixed SFT length therefore gives a base anywhere from chance to 100%, and GRPO from a
+from ~380 to ~300 steps; `draw` was changed in between (the jitter range scales with the cell),
+so the two runs saw different images: probably the cause, not checked). A fixed SFT length therefore gives a base anywhere from chance to 100%, and GRPO from a
 chance-level base did not learn in 60 steps (5 classes, binary reward: too little signal), from
 a 0.585 base gained +5.5 points in 60 steps at lr 1e-4. No setting met +15 points on one seed,
 let alone three; the blank-image control stayed at chance in every run (0.17-0.25), so what was
