@@ -54,24 +54,30 @@ def _params(model, vision: bool) -> dict[str, torch.Tensor]:
     return {k: p.detach().clone() for k, p in model.named_parameters() if ("visual" in k) == vision}
 
 
-@pytest.mark.parametrize("schema", ["verl", "trl"])
+@pytest.mark.parametrize("schema", ["verl", "trl", "lora"])
 def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
     model, verl_file, trl_file = vlm_setup
-    # veRL run: two mini-batches, so the separate old-log-prob pass runs; TRL run: on-policy.
-    extra = {"actor.mini_batch_size": 4} if schema == "verl" else {}
-    cfg = load_config(RLConfig, "grpo", _overrides(model, verl_file if schema == "verl" else trl_file,
+    # veRL run: two mini-batches, so the separate old-log-prob pass runs; TRL run: on-policy,
+    # validated on image prompts before and after, exported; LoRA: the reference is the actor
+    # with its adapter off
+    extra = {"verl": {"actor.mini_batch_size": 4},
+             "trl": {"data.val_files": f"[{verl_file}]", "trainer.val_before_train": True, "rollout.val_n": 2,
+                     "trainer.export_hf": True, "data.max_val_samples": 2},
+             "lora": {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj,v_proj]"}}[schema]
+    cfg = load_config(RLConfig, "grpo", _overrides(model, trl_file if schema == "trl" else verl_file,
                                                    str(tmp_path / "run"), **extra))
     trainer = RLTrainer(cfg)
-    assert trainer.plan.on_policy == (schema == "trl")
+    assert trainer.plan.on_policy == (schema != "verl")
     tower, lm = _params(trainer.actor_model, True), _params(trainer.actor_model, False)
     assert tower and lm
     seen = {}
     rollout_generate, actor_log_probs = trainer.rollout.generate, trainer.actor.log_probs
 
     def generate(prompts, **kw):
-        seen["prompts"] = prompts
-        seen["batch"] = rollout_generate(prompts, **kw)
-        return seen["batch"]
+        out = rollout_generate(prompts, **kw)
+        if kw["n"] == 4:  # the training round (validation: greedy and rollout.val_n=2)
+            seen["prompts"], seen["batch"] = prompts, out
+        return out
 
     def log_probs(batch, **kw):
         seen["old"] = actor_log_probs(batch, **kw)
@@ -87,6 +93,13 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
     assert step["step"] == 1
     for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ppo_kl"):
         assert math.isfinite(step[key]), key
+    if schema == "trl":
+        assert math.isfinite(step["val/acc_greedy"])
+        from reinforge.models.loading import load_causal_lm, load_vlm_processor
+
+        exported = str(tmp_path / "run" / "hf")  # loads back as a VLM with its processor
+        assert load_vlm_processor(exported).image_processor is not None
+        assert hasattr(load_causal_lm(exported, train=False).model, "visual")
     if schema == "verl":  # old log-probs (with the images) == the rollout's behaviour log-probs
         b, mask = seen["batch"], seen["batch"]["response_mask"].bool()
         old, behaviour = seen["old"]["old_log_probs"][mask], b["rollout_log_probs"][mask]
@@ -116,3 +129,12 @@ def test_vlm_refusals_before_models_load(override, key, vlm_setup, tmp_path, no_
     with pytest.raises(ConfigError, match=key.replace("[", r"\[")) as err:
         resolve(cfg)
     assert "vision-language" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_dry_run_reads_image_prompts(vlm_setup, tmp_path, capsys, no_model_loads):
+    """`reinforge train --dry-run` reads a VLM's image rows with its processor, loading no model."""
+    from reinforge.cli.main import main
+
+    model, verl_file, _ = vlm_setup
+    assert main(["train", "--config", "grpo", "--dry-run", *_overrides(model, verl_file, str(tmp_path / "run"))]) == 0
+    assert "data.train_files: 8 prompts" in capsys.readouterr().out

@@ -37,6 +37,7 @@ class Components:
     teacher: ReferenceWorker | None = None  # on-policy distillation (teacher.coef > 0)
     skipped_prompts: int = 0  # training prompts data.overlong_prompt=skip dropped
     behaviour_policy: Any = None  # Ray with rollout.staleness > 0: the rollout-worker actors
+    processor: Any = None  # a vision-language actor's processor: what its export saves beside the weights
 
 
 class ConcatDataset:
@@ -281,4 +282,4 @@ def build_components(plan: RunPlan) -> Components:
     teacher = make_teacher(plan, w.actor) if plan.teacher_enabled else None
     return Components(tok, w.actor_model, w.critic_model, rollout, reward, w.actor, w.reference,
                       w.critic, kl_ctrl, PromptLoader(train, cfg.data.train_batch_size, seed=cfg.data.seed), val_items,
-                      teacher, skipped, behaviour)
+                      teacher, skipped, behaviour, encoder if encoder is not tok else None)
