@@ -216,8 +216,8 @@ def check_models(cfg, folders: dict) -> None:
 
 def check_vlm_rl(plan: RunPlan) -> None:
     """A vision-language actor (model.path's config.json has a vision_config) trains only where
-    the prompts' images reach every forward: a local run, the lean/hf rollout, a single turn,
-    no critic, no teacher. Elsewhere the images would be dropped or the model fail to load
+    the prompts' images reach every forward: a local synchronous run, the lean/hf rollout, a
+    single turn, no critic, no teacher. Elsewhere the images would be dropped or the model fail to load
     late, so each is refused here, naming its key."""
     from reinforge.models.vlm_processor import is_vlm_folder
 
@@ -233,6 +233,7 @@ def check_vlm_rl(plan: RunPlan) -> None:
         (plan.teacher_enabled, "teacher.coef != 0", "the teacher does not see the images"),
         (r.partial, "rollout.partial=true", "a resumed generation re-prefills without the images"),
         (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
+        (r.staleness > 0, f"rollout.staleness={r.staleness}", "asynchronous rollouts with images are untested; use 0"),
     ]
     for bad, key, fix in refused:
         if bad:
