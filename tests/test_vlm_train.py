@@ -54,7 +54,7 @@ def _params(model, vision: bool) -> dict[str, torch.Tensor]:
     return {k: p.detach().clone() for k, p in model.named_parameters() if ("visual" in k) == vision}
 
 
-@pytest.mark.parametrize("schema", ["verl", "trl", "lora"])
+@pytest.mark.parametrize("schema", ["verl", "trl", "lora", "remax"])
 def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
     model, verl_file, trl_file = vlm_setup
     # veRL run: two mini-batches, so the separate old-log-prob pass runs; TRL run: on-policy,
@@ -63,11 +63,12 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
     extra = {"verl": {"actor.mini_batch_size": 4},
              "trl": {"data.val_files": f"[{verl_file}]", "trainer.val_before_train": True, "rollout.val_n": 2,
                      "trainer.export_hf": True, "data.max_val_samples": 2},
-             "lora": {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj,v_proj]"}}[schema]
-    cfg = load_config(RLConfig, "grpo", _overrides(model, trl_file if schema == "trl" else verl_file,
+             "lora": {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj,v_proj]"},
+             "remax": {}}[schema]  # ReMax: a greedy baseline rollout on the same image prompts
+    cfg = load_config(RLConfig, "remax" if schema == "remax" else "grpo", _overrides(model, trl_file if schema == "trl" else verl_file,
                                                    str(tmp_path / "run"), **extra))
     trainer = RLTrainer(cfg)
-    assert trainer.plan.on_policy == (schema != "verl")
+    assert trainer.plan.on_policy == (schema in ("trl", "lora"))  # remax: KL in the reward reads old log-probs
     tower, lm = _params(trainer.actor_model, True), _params(trainer.actor_model, False)
     assert tower and lm
     seen = {}
@@ -91,7 +92,9 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
     assert all(v is vision[0] for v in seen["batch"]["vision"][:4]) and seen["batch"]["vision"][4] is vision[1]
     step = [json.loads(x) for x in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
     assert step["step"] == 1
-    for key in ("actor/pg_loss", "actor/kl_loss", "actor/grad_norm", "actor/ppo_kl"):
+    if schema == "remax":
+        assert math.isfinite(step["remax/baseline_score_mean"])
+    for key in ("actor/pg_loss", "actor/grad_norm", "actor/ppo_kl", *(("actor/kl_loss",) if schema != "remax" else ())):
         assert math.isfinite(step[key]), key
     if schema == "trl":
         assert math.isfinite(step["val/acc_greedy"])
@@ -100,7 +103,7 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
         exported = str(tmp_path / "run" / "hf")  # loads back as a VLM with its processor
         assert load_vlm_processor(exported).image_processor is not None
         assert hasattr(load_causal_lm(exported, train=False).model, "visual")
-    if schema == "verl":  # old log-probs (with the images) == the rollout's behaviour log-probs
+    if not trainer.plan.on_policy:  # old log-probs (with the images) == the rollout's behaviour log-probs
         b, mask = seen["batch"], seen["batch"]["response_mask"].bool()
         old, behaviour = seen["old"]["old_log_probs"][mask], b["rollout_log_probs"][mask]
         assert torch.allclose(old, behaviour, atol=1e-4), (old - behaviour).abs().max()
