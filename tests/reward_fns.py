@@ -6,3 +6,9 @@ def digit_fraction(prompt: str, response: str, ground_truth, **extra) -> dict:
     """Fraction of characters that are digits, and exact-match accuracy as a logged extra."""
     frac = sum(c.isdigit() for c in response) / max(len(response), 1)
     return {"score": frac, "exact": float(response.strip() == str(ground_truth).strip())}
+
+
+def odd_first_char(prompt: str, response: str, ground_truth, **extra) -> float:
+    """1 when the response starts with a character of odd code point: about half of an untrained
+    model's samples, so a group's advantages are rarely all zero (an update that moves weights)."""
+    return float(bool(response) and ord(response[0]) % 2 == 1)

@@ -136,13 +136,18 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
     elif resume:
         state += f"; resumes from {resume}"
     m = cfg.model
-    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    if command == "train":  # a vision-language actor's prompts are read with its processor
+        from reinforge.trainers.rl_setup import load_processing
+
+        tok, encoder = load_processing(m)
+    else:
+        tok = encoder = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
     rewards = [spec for _, spec, _ in plan.reward_functions]  # (key, spec, style)
     if "reward.reward_model_path" in plan.model_folders:
         rewards.append(f"reward model {plan.model_folders['reward.reward_model_path']}")
     stops = _stop_text(cfg, tok) if command == "train" else ""
     return [_model_line(cfg), *_memory_lines(command, plan), f"tokenizer: {type(tok).__name__}, {len(tok)} tokens{stops}",
-            *_data_lines(command, plan, tok),
+            *_data_lines(command, plan, encoder),
             f"reward functions: {', '.join(rewards) if rewards else 'none'}",
             *(_agent_lines(cfg) if command == "train" else []), f"trainer.run_dir={run_dir} ({state})"]
 

@@ -264,6 +264,16 @@ def encode_with_images(processor, text: str, images: list) -> list[int]:
     return list(processor(text=[text], images=[list(images)], add_special_tokens=False)["input_ids"][0])
 
 
+def encode_image_prompt(processor, text: str, images: list) -> tuple[list[int], "Any"]:
+    """`encode_with_images`'s ids and, from the same processor call, the prompt's PromptImages
+    (models/vlm_inputs.py: pixel_values (N, D), image_grid_thw (K, 3)): what the RL pipeline
+    hands the rollout and the log-prob forwards as the prompt's `vision`."""
+    from reinforge.models.vlm_inputs import PromptImages
+
+    out = processor(text=[text], images=[list(images)], add_special_tokens=False, return_tensors="pt")
+    return out["input_ids"][0].tolist(), PromptImages(out["pixel_values"], out["image_grid_thw"])
+
+
 def drop_images(messages: list[dict]) -> list[dict]:
     """The messages with their image parts removed (a text-only control on the same prompts)."""
     out = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from reinforge.data.hf_datasets import source_name
-from reinforge.data.images import (DEFAULT_MAX_PIXELS, IMAGE_COLUMNS, base_dir, encode_with_images, has_images,
+from reinforge.data.images import (DEFAULT_MAX_PIXELS, IMAGE_COLUMNS, base_dir, encode_image_prompt, has_images,
                                    image_prompt, render_messages, require_processor, text_tokenizer)
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.text import encode, nonempty_ids, render_prompt
@@ -49,7 +49,8 @@ class RLDataset(ItemsDataset):
 
     Image rows (veRL's or TRL's schema, reinforge.data.images) need a processor as `tokenizer`;
     their items also hold "prompt_messages" and "images", the canonical (messages, PIL RGB
-    images) of the prompt, and their prompt_ids have each image's tokens expanded (so
+    images) of the prompt, "vision" (its PromptImages, models/vlm_inputs.py: the pixels the
+    rollout and the log-prob forwards take), and their prompt_ids have each image's tokens expanded (so
     max_prompt_length counts them). An image over `max_pixels` (data.max_pixels), an unreadable
     one or a placeholder count that does not match the images is a DataError naming the row.
     An image prompt is never truncated: "truncate_left" treats it as "error".
@@ -101,8 +102,9 @@ class RLDataset(ItemsDataset):
         self.num_skipped = 0
         self.items: list[dict] = []
         all_ids = encode(text_tokenizer(tokenizer), texts)
+        vision = {}  # row -> PromptImages: the pixels the rollout and the log-prob forwards see
         for i, (messages, images) in visual.items():
-            all_ids[i] = encode_with_images(tokenizer, texts[i], images)
+            all_ids[i], vision[i] = encode_image_prompt(tokenizer, texts[i], images)
         all_ids = nonempty_ids(all_ids, self.path, prompt_key)
         for i, (text, ids, (gt, extra)) in enumerate(zip(texts, all_ids, meta)):
             if len(ids) > max_prompt_length:
@@ -126,6 +128,7 @@ class RLDataset(ItemsDataset):
             )
             if i in visual:
                 self.items[-1]["prompt_messages"], self.items[-1]["images"] = visual[i]
+                self.items[-1]["vision"] = vision[i]
         if not self.items:
             raise DataError(f"{file_label(self.path)}: every prompt is longer than "
                             f"{length_key}={max_prompt_length} tokens")

@@ -13,7 +13,8 @@ Files (check_rl_files, check_supervised_files), once the plan is derived:
    files (reinforge.models.checks; reads files only);
 2. the reward functions: each imported, checked callable in its style (reinforge, veRL, TRL);
 3. RL: a teacher's tokenizer against the student's, the agent loop's tools and environment
-   imported, and with LoRA every model.lora_target_modules entry naming modules of the weights.
+   imported, and with LoRA every model.lora_target_modules entry naming modules of the weights;
+   a vision-language actor (check_vlm_rl) only on the paths that carry its images.
 """
 from __future__ import annotations
 
@@ -213,11 +214,38 @@ def check_models(cfg, folders: dict) -> None:
             check_tokenizer_files(folders[key], key)
 
 
+def check_vlm_rl(plan: RunPlan) -> None:
+    """A vision-language actor (model.path's config.json has a vision_config) trains only where
+    the prompts' images reach every forward: a local synchronous run, the lean/hf rollout, a
+    single turn, no critic, no teacher. Elsewhere the images would be dropped or the model fail to load
+    late, so each is refused here, naming its key."""
+    from reinforge.models.vlm_processor import is_vlm_folder
+
+    cfg = plan.cfg
+    if not is_vlm_folder(cfg.model.path):
+        return
+    r, why = cfg.rollout, f"model.path={cfg.model.path!r} is a vision-language model"
+    refused = [
+        (r.backend not in ("lean", "hf"), f"rollout.backend={r.backend}", "its engine does not see the images; use lean or hf"),
+        (cfg.trainer.backend != "local", f"trainer.backend={cfg.trainer.backend}", "image prompts train locally only"),
+        (plan.critic_enabled, f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a critic)",
+         "the critic has no vision-language value model; use a critic-free estimator such as grpo"),
+        (plan.teacher_enabled, "teacher.coef != 0", "the teacher does not see the images"),
+        (r.partial, "rollout.partial=true", "a resumed generation re-prefills without the images"),
+        (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
+        (r.staleness > 0, f"rollout.staleness={r.staleness}", "asynchronous rollouts with images are untested; use 0"),
+    ]
+    for bad, key, fix in refused:
+        if bad:
+            raise ConfigError(f"{key}: {why}; {fix}")
+
+
 def check_rl_files(plan: RunPlan) -> None:
     """Every file an RL plan names, without building a model; raises ConfigError, DataError or
     ModelLoadError."""
     cfg = plan.cfg
     check_models(cfg, plan.model_folders)
+    check_vlm_rl(plan)
     if plan.teacher_enabled:
         check_teacher_vocab(cfg)
     from reinforge.rewards.judge import JUDGE_NAME

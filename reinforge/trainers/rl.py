@@ -51,7 +51,7 @@ class RLTrainer(TrainingLoop):
         self.tok, self.actor_model, self.critic_model = c.tokenizer, c.actor_model, c.critic_model
         self.rollout, self.reward, self.actor = c.rollout, c.reward, c.actor
         self.reference, self.critic, self.kl_ctrl = c.reference, c.critic, c.kl_ctrl
-        self.teacher = c.teacher
+        self.teacher, self.processor = c.teacher, c.processor  # processor: a VLM actor's (else None)
         self.behaviour_policy = c.behaviour_policy  # None: the producer builds its local copy
         self.loader, self.val_items, self.skipped_prompts = c.loader, c.val_items, c.skipped_prompts
         self.run_dir = Path(cfg.trainer.run_dir)
@@ -204,7 +204,14 @@ class RLTrainer(TrainingLoop):
             write_export(self.run_dir / "critic_pretrained", lambda folder: self.critic.export(folder, self.tok))
 
     def export(self) -> Path:
-        return write_export(self.run_dir / "hf", lambda folder: self.actor.export(folder, self.tok))
+        def write(folder):
+            self.actor.export(folder, self.tok)
+            if self.processor is not None:  # a VLM's folder needs its image processor too
+                from reinforge.models.vlm_processor import save_processor
+
+                save_processor(self.processor, folder)
+
+        return write_export(self.run_dir / "hf", write)
 
     def close(self) -> None:
         if self.producer is not None:

@@ -10,7 +10,8 @@ from typing import Any
 from reinforge.algos.kl import make_kl_controller
 from reinforge.config.load import ConfigError
 from reinforge.config.schema import RLConfig
-from reinforge.models.loading import load_causal_lm, load_critic, load_tokenizer
+from reinforge.models.loading import load_causal_lm, load_critic, load_tokenizer, load_vlm_processor
+from reinforge.models.vlm_processor import is_vlm_folder
 from reinforge.trainers.logging import note_skipped
 from reinforge.trainers.plan import RunPlan
 from reinforge.trainers.run_dir import check_writable
@@ -36,6 +37,7 @@ class Components:
     teacher: ReferenceWorker | None = None  # on-policy distillation (teacher.coef > 0)
     skipped_prompts: int = 0  # training prompts data.overlong_prompt=skip dropped
     behaviour_policy: Any = None  # Ray with rollout.staleness > 0: the rollout-worker actors
+    processor: Any = None  # a vision-language actor's processor: what its export saves beside the weights
 
 
 class ConcatDataset:
@@ -101,11 +103,23 @@ def _model_kwargs(plan: RunPlan) -> dict:
                 attn_implementation=m.attn_implementation)
 
 
+def load_processing(m) -> tuple[Any, Any]:
+    """(text tokenizer, what the datasets encode prompts with): for a vision-language actor
+    folder the processor (images -> pixels and image tokens) and its tokenizer, else the
+    tokenizer twice. Rewards, the rollout, stop tokens and exports take the text tokenizer."""
+    if is_vlm_folder(m.path):
+        proc = load_vlm_processor(m.tokenizer_path or m.path)
+        return proc.tokenizer, proc
+    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    return tok, tok
+
+
 def load_actor_model(plan: RunPlan, *, train: bool = True):
     """The actor's causal LM, wrapped with a LoRA adapter when model.lora_rank > 0. train=False:
     a frozen copy for generation (eval mode, no gradients, no gradient checkpointing: use_cache stays on)."""
     m = plan.cfg.model
-    model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, train=train, **_model_kwargs(plan))
+    model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, train=train,
+                           freeze_vision_tower=m.freeze_vision_tower, **_model_kwargs(plan))
     if m.lora_rank > 0:
         from reinforge.models.lora import apply_lora
 
@@ -217,7 +231,7 @@ def build_ray_workers(plan: RunPlan) -> tuple[Workers, Any]:
 
 
 def load_data(plan: RunPlan, tok) -> tuple[Any, list, int]:
-    """The training prompts, the validation items (the first data.max_val_samples) and how many
+    """`tok`: a tokenizer, or a VLM's processor (load_processing). The training prompts, the validation items (the first data.max_val_samples) and how many
     training prompts data.overlong_prompt=skip dropped, read and tokenized with the length rules
     (with the datasets handed over in Python: plan.rows). `reinforge train --dry-run` stops after this."""
     cfg, rows = plan.cfg, plan.rows
@@ -243,8 +257,8 @@ def build_components(plan: RunPlan) -> Components:
     check_writable(cfg.trainer.run_dir)  # before any model loads
     device, m = plan.device, cfg.model
     behaviour = None
-    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    train, val_items, skipped = load_data(plan, tok)
+    tok, encoder = load_processing(m)
+    train, val_items, skipped = load_data(plan, encoder)
     if cfg.trainer.backend == "ray":
         w, group = build_ray_workers(plan)
         from reinforge.distributed.proxies import RankRollout
@@ -268,4 +282,4 @@ def build_components(plan: RunPlan) -> Components:
     teacher = make_teacher(plan, w.actor) if plan.teacher_enabled else None
     return Components(tok, w.actor_model, w.critic_model, rollout, reward, w.actor, w.reference,
                       w.critic, kl_ctrl, PromptLoader(train, cfg.data.train_batch_size, seed=cfg.data.seed), val_items,
-                      teacher, skipped, behaviour)
+                      teacher, skipped, behaviour, encoder if encoder is not tok else None)

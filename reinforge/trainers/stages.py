@@ -53,7 +53,8 @@ def greedy_baseline(batch: Batch, rollout, reward) -> tuple[Batch, dict[str, flo
     uniq, inv = torch.unique(batch["group_ids"], return_inverse=True)
     first = torch.full((len(uniq),), len(batch), dtype=torch.long).scatter_reduce(
         0, inv, torch.arange(len(batch)), "amin")  # first row of each group
-    prompts = batch.index(first.tolist()).select(["prompt_ids", "prompt_text", "ground_truth", "data_source", "extra"])
+    keys = ["prompt_ids", "prompt_text", "ground_truth", "data_source", "extra"]
+    prompts = batch.index(first.tolist()).select(keys + (["vision"] if "vision" in batch else []))  # a VLM's images
     prompts["uid"] = uniq
     greedy = rollout.generate(prompts, n=1, greedy=True)
     base = reward.score(greedy).scores  # (G,) in the order of `uniq`

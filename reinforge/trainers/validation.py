@@ -24,12 +24,17 @@ from reinforge.trainers.metrics import episode_row, pass_at_k
 
 
 def prompts_batch(items: list[dict], first_uid: int) -> Batch:
-    """Dataset items -> the prompt Batch the rollout expects (uid = group id)."""
-    return Batch({"uid": torch.arange(first_uid, first_uid + len(items), dtype=torch.long)},
-                 {"prompt_ids": [it["prompt_ids"] for it in items], "prompt_text": [it["prompt_text"] for it in items],
-                  "ground_truth": [it["ground_truth"] for it in items],
-                  "data_source": [it.get("data_source", "unknown") for it in items],
-                  "extra": [it.get("extra", {}) for it in items]})
+    """Dataset items -> the prompt Batch the rollout expects (uid = group id). Image prompts
+    (items with "vision", data/rl_dataset.py) add `vision`: one PromptImages or None per prompt,
+    the item's own object (so the frozen tower's features cached on it are reused); a text-only
+    batch has no `vision` key, as before."""
+    non_tensors = {"prompt_ids": [it["prompt_ids"] for it in items], "prompt_text": [it["prompt_text"] for it in items],
+                   "ground_truth": [it["ground_truth"] for it in items],
+                   "data_source": [it.get("data_source", "unknown") for it in items],
+                   "extra": [it.get("extra", {}) for it in items]}
+    if any(it.get("vision") is not None for it in items):
+        non_tensors["vision"] = [it.get("vision") for it in items]
+    return Batch({"uid": torch.arange(first_uid, first_uid + len(items), dtype=torch.long)}, non_tensors)
 
 
 def _generate_and_score(rollout, reward, prompts: Batch, n: int, temperature: float, greedy: bool, batch_size: int,

@@ -184,7 +184,8 @@ def micro_log_probs(model, mb: Batch, mcfg: ModelConfig, temperature: float, wit
     with torch.autocast(model_device(model).type, dtype=torch.bfloat16, enabled=mcfg.autocast == "bf16"):
         return fn(model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1], temperature=temperature,
                   with_entropy=with_entropy, fused=mcfg.fused_logprobs, chunk_size=mcfg.logprob_chunk_size,
-                  top_k=mb.meta.get("top_k", 0), top_p=mb.meta.get("top_p", 1.0))
+                  top_k=mb.meta.get("top_k", 0), top_p=mb.meta.get("top_p", 1.0),
+                  **({"vision": mb["vision"]} if "vision" in mb else {}))  # a VLM's image prompts
 
 
 def batch_log_probs(model, batch: Batch, mcfg: ModelConfig, micro_batch_size: int, max_tokens: int,
