@@ -61,3 +61,22 @@ def test_lean_greedy_matches_generate(vlm, prompts):
     lean = LeanRollout(model, proc.tokenizer, **kw).generate(prompts, n=1, greedy=True)
     hf = HFRollout(model, proc.tokenizer, **kw).generate(prompts, n=1, greedy=True)
     assert torch.equal(lean["responses"], hf["responses"])
+
+
+@pytest.mark.parametrize("backend", [LeanRollout, HFRollout])
+def test_sampled_image_placeholder_in_a_response_is_text(vlm, prompts, backend):
+    """A random policy samples the image placeholder id (1 in ~105 here): the rollout feeds it back
+    as a token, so the trainer's recomputation must give it no image feature and text positions,
+    and still equal the rollout's log-probs (it used to fail counting image tokens)."""
+    model, proc = vlm
+    tok_id = model.config.image_token_id
+    rollout = backend(model, proc.tokenizer, max_prompt_length=P, max_response_length=24, ignore_eos=True)
+    torch.manual_seed(3)
+    out = rollout.generate(prompts, n=8, temperature=2.0)
+    resp = out["input_ids"][:, -24:]
+    assert (resp == tok_id).any()  # the case under test occurs (temperature 2, 576 sampled tokens)
+    mask = out["response_mask"].bool()
+    with torch.no_grad():
+        lp, _ = response_logprobs(model, out["input_ids"], out["attention_mask"], 24, temperature=2.0,
+                                  vision=out["vision"])
+    torch.testing.assert_close(out["rollout_log_probs"][mask], lp[mask], atol=1e-5, rtol=0)

@@ -65,7 +65,11 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     scale, softcap = logit_transform(unwrap_peft(model).config) if use_fused else (1.0, 0.0)
 
     def run(**fwd):
-        if images:
+        if images and "image_slots" in fwd:  # features placed at the given slots only (response_logprobs)
+            from reinforge.models.vlm_forward import image_embeds
+
+            fwd = image_embeds(model, fwd, images)
+        elif images:
             from reinforge.models.vlm_forward import image_outputs
 
             fwd = {**fwd, "mm_encoder_outputs": image_outputs(model, images)}
@@ -104,9 +108,14 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
     images = None
     if vision is not None and any(v is not None for v in vision):
-        from reinforge.models.vlm_forward import ordered_images, vlm_position_ids
+        from reinforge.models.vlm_forward import ordered_images, prompt_image_slots, vision_token, vlm_position_ids
 
-        fwd["position_ids"], images = vlm_position_ids(model, input_ids, attention_mask, vision)[0], ordered_images(vision)
+        # A sampled image placeholder in a response is text, as the rollout fed it (its own
+        # embedding, text positions): only the prompt's placeholders take image features.
+        slots = prompt_image_slots(model, input_ids, T)
+        fwd["position_ids"] = vlm_position_ids(model, torch.where(slots | (input_ids != vision_token(model)), input_ids, -1),
+                                               attention_mask, vision)[0]
+        fwd["image_slots"], images = slots, ordered_images(vision)
     logp, ent = token_logprobs(model, fwd, lambda x: x[:, -T - 1:-1].reshape(B * T, x.shape[-1]),
                                input_ids[:, -T:].reshape(-1), temperature=temperature, with_entropy=with_entropy,
                                fused=fused, chunk_size=chunk_size, top_k=top_k, top_p=top_p, images=images)

@@ -126,3 +126,31 @@ def image_outputs(model, images: list) -> dict:
 
     feats = encode_images(model, images)
     return {"image": BaseModelOutputWithPooling(pooler_output=(torch.cat(feats),))}
+
+
+def vision_token(model) -> int:
+    """The image placeholder id of a Qwen2-VL-style model."""
+    return vision_spec(model)[0]
+
+
+def prompt_image_slots(model, input_ids: torch.Tensor, response_len: int) -> torch.Tensor:
+    """(B, L) bool: the image placeholders of the prompt part (all but the last `response_len`
+    columns). A response may sample the placeholder id (a random or weak policy does); the rollout
+    embeds it as the token it is, so it takes no image feature and no image positions."""
+    slots = input_ids == vision_token(model)
+    slots[:, input_ids.shape[1] - response_len:] = False
+    return slots
+
+
+def image_embeds(model, fwd: dict, images: list) -> dict:
+    """fwd with `input_ids` and `image_slots` (B, L) replaced by `inputs_embeds` (B, L, H): the
+    token embeddings with the features of `images` (PromptImages in token order) scattered into
+    the slots. The features must fill the slots exactly."""
+    fwd = dict(fwd)
+    ids, slots = fwd.pop("input_ids"), fwd.pop("image_slots")
+    feats = torch.cat(encode_images(model, images))  # (F, H)
+    if feats.shape[0] != int(slots.sum()):
+        raise ValueError(f"{int(slots.sum())} image placeholder tokens in the prompts for {feats.shape[0]} image features")
+    emb = model.get_input_embeddings()(ids)
+    fwd["inputs_embeds"] = emb.masked_scatter(slots[..., None].expand_as(emb), feats.to(emb.dtype))
+    return fwd
