@@ -84,7 +84,7 @@ class RLTrainer(TrainingLoop):
         if self.cfg.rollout.staleness > 0:
             if self.producer is None:
                 # behaviour_policy: a BehaviourPolicy set by a distributed setup (None: the local copy)
-                self.producer = async_rollout.start_producer(self, getattr(self, "behaviour_policy", None))
+                self.producer = async_rollout.start_producer(self, self.behaviour_policy)
             batch, metrics, reward = async_rollout.collect(
                 self.producer, self.reward.score, self.timer, want=want, n=self.cfg.rollout.n,
                 dynamic=a.dynamic_sampling, max_rounds=a.max_gen_rounds if a.dynamic_sampling else 1)
