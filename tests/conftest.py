@@ -130,3 +130,18 @@ def no_model_loads(monkeypatch):
         raise AssertionError("a model was loaded (from_pretrained) where none may be")
 
     monkeypatch.setattr(PreTrainedModel, "from_pretrained", classmethod(tripwire))
+
+
+def fit_until_crash(trainer, step: int) -> None:
+    """Run trainer.fit() with its step `step` raising (a simulated crash after the checkpoints of
+    the steps before it), and check that the crash surfaced."""
+    real_step = trainer.step
+
+    def crashing():
+        if trainer.step_idx == step:
+            raise RuntimeError("simulated crash")
+        return real_step()
+
+    trainer.step = crashing
+    with pytest.raises(RuntimeError, match="simulated crash"):
+        trainer.fit()

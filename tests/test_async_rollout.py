@@ -24,7 +24,7 @@ from reinforge.trainers.async_rollout import AsyncProducer, Start
 from reinforge.trainers.rl import RLTrainer
 from reinforge.workers.rollout.behaviour import LocalBehaviour
 from tests.agents.test_agent_e2e import tool_model  # noqa: F401 (the fixture: a model that calls a tool)
-from tests.conftest import rl_overrides
+from tests.conftest import fit_until_crash, rl_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 THREAD = "reinforge-async-rollout"
@@ -346,16 +346,7 @@ def test_deterministic_schedule_resumes_bit_exactly(tiny_model_dir, arith_data, 
     RLTrainer(_cfg(tiny_model_dir, arith_data, full, **extra)).fit()
     part = tmp_path / "part"
     trainer = RLTrainer(_cfg(tiny_model_dir, arith_data, part, **extra))
-    real_step = trainer.step
-
-    def crash_on_third():
-        if trainer.step_idx == 3:
-            raise RuntimeError("simulated crash")
-        return real_step()
-
-    trainer.step = crash_on_third
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        trainer.fit()
+    fit_until_crash(trainer, 3)
     assert (part / "checkpoints" / "step_2" / async_rollout.CHUNKS_FILE).is_file()
     RLTrainer(_cfg(tiny_model_dir, arith_data, part, **extra)).fit(resume=True)
     a, b = _exact_rows(full), _exact_rows(part)

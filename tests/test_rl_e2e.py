@@ -15,7 +15,7 @@ from reinforge.cli.main import main
 from reinforge.config.load import load_config
 from reinforge.config.schema import RLConfig
 from reinforge.trainers.rl import RLTrainer
-from tests.conftest import rl_overrides
+from tests.conftest import fit_until_crash, rl_overrides
 from tests.grad_check import assert_same_steps, record_steps
 
 
@@ -74,16 +74,7 @@ def test_resume_is_bit_exact(tiny_model_dir, arith_data, tmp_path):
 
     crashed = load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "b"), **extra))
     trainer = RLTrainer(crashed)
-    real_step = trainer.step
-
-    def crash_on_third():
-        if trainer.step_idx == 3:
-            raise RuntimeError("simulated crash")
-        return real_step()
-
-    trainer.step = crash_on_third
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        trainer.fit()
+    fit_until_crash(trainer, 3)
     # A half-written checkpoint from a crash mid-save must be ignored.
     (tmp_path / "b" / "checkpoints" / ".tmp_step_3_999").mkdir()
     resumed = RLTrainer(load_config(RLConfig, "ppo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path / "b"), **extra)))

@@ -13,6 +13,7 @@ from reinforge.config.load import load_config
 from reinforge.config.schema import RLConfig
 from reinforge.tasks.tags import format_tag_call, format_tag_result
 from reinforge.trainers.rl import RLTrainer
+from tests.conftest import fit_until_crash
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FNS = Path(__file__).with_name("agent_fns.py")
@@ -81,16 +82,7 @@ def test_grpo_with_a_tool_then_resume(tool_model, tmp_path):
         assert s["rewards"]["reversed_answer"] == float(last.strip() == s["ground_truth"])
 
     b = RLTrainer(_cfg(tool_model, data, str(tmp_path / "b"), **extra))
-    real_step = b.step
-
-    def crash_on_second():
-        if b.step_idx == 2:
-            raise RuntimeError("simulated crash")
-        return real_step()
-
-    b.step = crash_on_second
-    with pytest.raises(RuntimeError, match="simulated crash"):
-        b.fit()
+    fit_until_crash(b, 2)
     RLTrainer(_cfg(tool_model, data, str(tmp_path / "b"), **extra)).fit(resume=True)
     wa = load_file(str(tmp_path / "a" / "checkpoints" / "step_2" / "actor.safetensors"))
     wb = load_file(str(tmp_path / "b" / "checkpoints" / "step_2" / "actor.safetensors"))
