@@ -409,7 +409,7 @@ def start_producer(trainer, policy: BehaviourPolicy | None = None) -> AsyncProdu
     producer = AsyncProducer(policy, trainer.loader, start, version=trainer.step_idx - 1, n=r.n,
                              temperature=r.temperature, staleness=r.staleness, batch_prompts=B, chunk_prompts=chunk,
                              seed=cfg.trainer.seed, schedule=r.schedule, partial=r.partial,
-                             response_length=r.max_response_length, saved=getattr(trainer, "resume_chunks", None))
+                             response_length=r.max_response_length, saved=trainer.resume_chunks)
     if r.partial:  # a switch moves the policy past the next chunk's version: keep the start's weights
         producer.publish(trainer.actor_model, trainer.step_idx - 1)
     return producer
