@@ -42,9 +42,16 @@ def apply_lora(model, rank: int, alpha: float, target_modules: list[str]):
     cfg = LoraConfig(r=rank, lora_alpha=alpha, target_modules=targets, lora_dropout=0.0, bias="none",
                      task_type="CAUSAL_LM")
     peft_model = get_peft_model(model, cfg)
-    if getattr(model, "is_gradient_checkpointing", False):
+    if _checkpointing(model):
         peft_model.enable_input_require_grads()  # frozen embeddings would otherwise cut the grad path
     return peft_model
+
+
+def _checkpointing(model) -> bool:
+    """Whether activation checkpointing is on in any submodule. Read from the modules' own flag
+    (what transformers sets) rather than `is_gradient_checkpointing`, deprecated in 5.x and
+    renamed `is_activation_checkpointing` there, so both older and newer versions agree."""
+    return any(getattr(m, "gradient_checkpointing", False) is True for m in model.modules())
 
 
 def adapter_parameter_names(model) -> list[str]:
