@@ -117,7 +117,6 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
 @pytest.mark.parametrize("override,key", [
     ({"rollout.backend": "vllm"}, "rollout.backend=vllm"),
     ({"trainer.backend": "ray"}, "trainer.backend=ray"),
-    ({"algorithm.adv_estimator": "gae"}, "algorithm.adv_estimator=gae"),
     ({"rollout.max_turns": 2}, "rollout.max_turns=2"),
     ({"rollout.staleness": 1, "rollout.partial": True}, "rollout.partial=true"),
     ({"rollout.staleness": 1}, "rollout.staleness=1"),
