@@ -250,8 +250,9 @@ def check_vlm_critic(cfg) -> None:
 
 def check_vlm_rl(plan: RunPlan) -> None:
     """A vision-language actor (model.path's config.json has a vision_config) trains only where
-    the prompts' images reach every forward: a local synchronous run, the lean/hf rollout, a
-    single turn, no teacher, a critic that is a VLM too (check_vlm_critic). Elsewhere the images
+    the prompts' images reach every forward: a local run (synchronous, or asynchronous without
+    partial rollouts), the lean/hf rollout, a single turn, no teacher, a critic that is a VLM
+    too (check_vlm_critic). Elsewhere the images
     would be dropped or the model fail to load late, so each is refused here, naming its key."""
     from reinforge.models.vlm_processor import is_vlm_folder
 
@@ -265,7 +266,6 @@ def check_vlm_rl(plan: RunPlan) -> None:
         (plan.teacher_enabled, "teacher.coef != 0", "the teacher does not see the images"),
         (r.partial, "rollout.partial=true", "a resumed generation re-prefills without the images"),
         (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
-        (r.staleness > 0, f"rollout.staleness={r.staleness}", "asynchronous rollouts with images are untested; use 0"),
         (cfg.model.use_packing, "model.use_packing=true",
          "packed rows would give an image placeholder sampled in a response an image slot (the padded "
          "forward treats it as text: forward.response_logprobs); set model.use_packing=false"),
