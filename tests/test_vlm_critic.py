@@ -94,13 +94,13 @@ def test_vlm_critic_sampled_placeholder_is_text_and_reload_keeps_head(critic_and
 def test_ppo_step_on_image_prompts(vlm_setup, tmp_path):  # noqa: F811
     """One PPO step (GAE, critic from the actor's VLM folder, two mini-batches): finite losses,
     both vision towers unchanged, the actor's and the critic's language models and the value
-    head trained."""
+    head trained; the checkpoint's critic resumes."""
     from reinforge.trainers.rl import RLTrainer
 
     model, verl_file, _ = vlm_setup
     cfg = load_config(RLConfig, "ppo", _overrides(model, verl_file, str(tmp_path / "run"), **{
         "rollout.n": 2, "actor.mini_batch_size": 2, "critic.mini_batch_size": 2, "critic.lr": 1e-2,
-        "actor.micro_batch_size": 2, "critic.micro_batch_size": 2}))
+        "actor.micro_batch_size": 2, "critic.micro_batch_size": 2, "trainer.save_every": 1}))
     trainer = RLTrainer(cfg)
     critic_model = trainer.critic_model
     before = {name: (_params(m, True), _params(m, False)) for name, m in
@@ -127,14 +127,32 @@ def test_ppo_step_on_image_prompts(vlm_setup, tmp_path):  # noqa: F811
         assert any("language_model" in k for k in changed), f"the {name}'s language model did not train"
         if name == "critic":
             assert "score.weight" in changed
+    again = RLTrainer(cfg)  # the checkpoint's critic loads back into a fresh value model
+    assert again.resume() == 1
+    assert all(torch.equal(p, q) for p, q in zip(again.critic_model.parameters(), critic_model.parameters()))
 
 
-def test_text_critic_for_a_vlm_is_refused(vlm_setup, tiny_model_dir, tmp_path, no_model_loads):  # noqa: F811
+@pytest.mark.parametrize("critic,match", [
+    ("text", "critic.model_path=.*text model.*would not see the images"),
+    ("patch", "critic.model_path=.*its patch_size=7 differs from model.path's 14"),
+])
+def test_a_critic_that_cannot_read_the_images_is_refused(vlm_setup, tiny_model_dir, tmp_path, no_model_loads,  # noqa: F811
+                                                         critic, match):
+    """A text critic, or a VLM critic cutting the actor's pixel patches differently, is refused
+    before any model loads."""
+    import shutil
+
     from reinforge.config.load import ConfigError
     from reinforge.trainers.plan import resolve
 
     model, verl_file, _ = vlm_setup
-    cfg = load_config(RLConfig, "ppo", _overrides(model, verl_file, str(tmp_path / "run"),
-                                                  **{"critic.model_path": tiny_model_dir}))
-    with pytest.raises(ConfigError, match="critic.model_path=.*text model.*would not see the images"):
+    path = tiny_model_dir
+    if critic == "patch":
+        path = str(shutil.copytree(model, tmp_path / "other_vlm"))
+        conf = json.loads((tmp_path / "other_vlm" / "config.json").read_text())
+        conf["vision_config"]["patch_size"] = 7
+        (tmp_path / "other_vlm" / "config.json").write_text(json.dumps(conf))
+    cfg = load_config(RLConfig, "ppo", _overrides(model, verl_file, str(tmp_path / "run"), **{"critic.model_path": path}))
+    with pytest.raises(ConfigError, match=match) as err:
         resolve(cfg)
+    assert "\n" not in str(err.value)
