@@ -224,7 +224,8 @@ def _vision_layout(folder: str) -> dict:
     """The image token id and patch layout of a VLM folder's config.json."""
     data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
     vision = data.get("vision_config") or {}
-    return {"image_token_id": data.get("image_token_id"), **{k: vision.get(k) for k in _VISION_LAYOUT if k in vision}}
+    top = {"image_token_id": data["image_token_id"]} if "image_token_id" in data else {}
+    return {**top, **{k: vision[k] for k in _VISION_LAYOUT if k in vision}}
 
 
 def check_vlm_critic(cfg) -> None:
@@ -240,7 +241,8 @@ def check_vlm_critic(cfg) -> None:
                           "vision-language model: the critic would not see the images; use a VLM folder "
                           "(or leave critic.model_path unset: the actor's)")
     mine, theirs = _vision_layout(cfg.model.path), _vision_layout(path)
-    diff = {k: (mine.get(k), theirs.get(k)) for k in mine.keys() | theirs.keys() if mine.get(k) != theirs.get(k)}
+    # keys both config.json files write (a default left out, or another family's name for it, is not a difference)
+    diff = {k: (mine[k], theirs[k]) for k in mine.keys() & theirs.keys() if mine[k] != theirs[k]}
     if diff:
         k = sorted(diff)[0]
         raise ConfigError(f"critic.model_path={path!r}: its {k}={diff[k][1]} differs from model.path's {diff[k][0]}; "
@@ -252,8 +254,8 @@ def check_vlm_rl(plan: RunPlan) -> None:
     """A vision-language actor (model.path's config.json has a vision_config) trains only where
     the prompts' images reach every forward: a local run (synchronous, or asynchronous without
     partial rollouts), the lean/hf rollout, a single turn, no teacher, a critic that is a VLM
-    too (check_vlm_critic). Elsewhere the images
-    would be dropped or the model fail to load late, so each is refused here, naming its key."""
+    too (check_vlm_critic). Elsewhere the images would be dropped or the model fail to load
+    late, so each is refused here, naming its key."""
     from reinforge.models.vlm_processor import is_vlm_folder
 
     cfg = plan.cfg
