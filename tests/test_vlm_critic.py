@@ -1,4 +1,4 @@
-"""PPO with a critic on image prompts (a tiny Qwen2-VL): the vision-language value model
+"""PPO with a critic on image prompts (a tiny Qwen2-VL; the value tests on Qwen2.5-VL too): the vision-language value model
 (models/vlm_critic.py). Its values of a left-padded batch equal transformers' own unpadded
 forward of each row (the model's own M-RoPE positions and image scatter), a placeholder sampled
 in a response stays text as in the actor's forward, a saved critic reloads with its head, and
@@ -17,14 +17,17 @@ from reinforge.config.schema import RLConfig
 from tests.test_vlm_train import _overrides, _params, vlm_setup  # noqa: F401 (a fixture)
 
 
-@pytest.fixture(scope="module")
-def critic_and_rows(vlm_setup):  # noqa: F811
-    """A VLM critic (its head re-drawn at std 1, so values are O(1) and 1e-5 means something) and
-    three rows: (prompt ids, PromptImages, response ids) of different prompt and image sizes."""
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def critic_and_rows(request, tmp_path_factory):
+    """A VLM critic of each family (its head re-drawn at std 1, so values are O(1) and 1e-5
+    means something) and three rows: (prompt ids, PromptImages, response ids) of different
+    prompt and image sizes."""
     from reinforge.models.loading import load_critic, load_vlm_processor
     from reinforge.models.vlm_inputs import encode_prompt
+    from reinforge.models.vlm_tiny import make_tiny_vlm
 
-    model, _, _ = vlm_setup
+    model = str(tmp_path_factory.mktemp("vlm_critic") / request.param)
+    make_tiny_vlm(model, hidden_size=64, num_layers=2, seed=4, family=request.param)
     critic = load_critic(model, dtype="float32").eval()
     torch.nn.init.normal_(critic.score.weight, std=1.0)
     proc = load_vlm_processor(model)
