@@ -7,19 +7,16 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import torch
 
 from reinforge.config.load import load_config
 from reinforge.config.schema import RLConfig
-from tests.reward_fns import odd_first_char
 from tests.test_vlm_train import _overrides, vlm_setup  # noqa: F401 (a fixture)
 
-
-def flat_on_odd_answers(prompt: str, response: str, ground_truth, **extra) -> float:
-    """1 for every sample of a prompt whose answer is odd (a group with no variance: dynamic
-    sampling drops it), odd_first_char otherwise (mixed groups)."""
-    return 1.0 if int(ground_truth) % 2 else odd_first_char(prompt, response, ground_truth)
+# 1 for every sample of an odd answer's prompt (a flat group: dropped), mixed rewards otherwise
+REWARD = f"{Path(__file__).parent / 'reward_fns.py'}:flat_on_odd_answers"
 
 
 def test_dapo_dynamic_sampling_keeps_each_rows_images(vlm_setup, tmp_path):  # noqa: F811
@@ -27,7 +24,7 @@ def test_dapo_dynamic_sampling_keeps_each_rows_images(vlm_setup, tmp_path):  # n
 
     model, verl_file, _ = vlm_setup
     cfg = load_config(RLConfig, "dapo", _overrides(model, verl_file, str(tmp_path / "run"), **{
-        "reward.functions": f"[{{name: '{__file__}:flat_on_odd_answers'}}]", "rollout.max_response_length": 4,
+        "reward.functions": f"[{{name: '{REWARD}'}}]", "rollout.max_response_length": 4,
         "algorithm.overlong_buffer_len": 2, "actor.mini_batch_size": 4, "algorithm.max_gen_rounds": 4}))
     trainer = RLTrainer(cfg)
     prompts_of, seen = {}, {}
