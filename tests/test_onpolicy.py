@@ -63,3 +63,21 @@ def test_old_log_probs_required_off_policy(tiny_model_dir):
     assert not on_policy_update(actor.model, 1, 4, 8)  # so does a second mini-batch
     actor.model.config.attention_dropout = 0.1  # train-mode forward != eval-mode forward
     assert not on_policy_update(actor.model, 1, 8, 8)
+
+
+@pytest.mark.parametrize("config,dropout", [
+    ({"attention_dropout": 0.1}, True), ({"attention_dropout": 0.0, "classifier_dropout": 0.3}, False),
+    ({"text_config": {"attention_dropout": 0.1}, "vision_config": {"depth": 2}}, True),  # a VLM's language model
+    ({"text_config": {"attention_dropout": 0.0}, "vision_config": {"dropout": 0.2}}, True),  # its tower
+    ({"text_config": {"attention_dropout": 0.0, "summary_dropout": 0.1}, "vision_config": {}}, False),
+    ({"text_config": {"use_dropout": True}}, False),  # a bool is not a rate
+])
+def test_has_dropout_reads_sub_configs(tmp_path, config, dropout):
+    """The plan's dropout check (it decides the on-policy skip of the old-log-prob pass) reads a
+    VLM's text_config and vision_config too, not only config.json's top level."""
+    import json
+
+    from reinforge.trainers.plan import has_dropout
+
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    assert has_dropout(str(tmp_path)) is dropout

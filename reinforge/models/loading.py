@@ -5,7 +5,8 @@ and a sequence-classification reward model.
 A vision-language folder (its config.json has a `vision_config`: Qwen2-VL and kin) loads
 through `AutoModelForImageTextToText` wherever a causal LM is asked for (actor, reference,
 SFT, DPO), its vision tower frozen unless `freeze_vision_tower=False` (model.freeze_vision_tower);
-`load_vlm_processor` gives its processor (models/vlm_processor.py).
+`load_vlm_processor` gives its processor (models/vlm_processor.py). As a critic it is the
+backbone with a value head (models/vlm_critic.py), its tower frozen alike.
 
 Each loader takes a local folder or a Hub id (`org/name[@revision]`, resolved to its snapshot in
 the Hugging Face cache by reinforge.models.hub); transformers itself never downloads
@@ -204,8 +205,10 @@ def load_vlm_processor(path: str):
 
 def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient_checkpointing: bool | str = False,
                 trust_remote_code: bool = False, attn_implementation: str = "sdpa",
-                reinit_head: bool = False) -> PreTrainedModel:
+                reinit_head: bool = False, freeze_vision_tower: bool = True) -> PreTrainedModel:
     """The value model: `<Arch>ForTokenClassification` with one label on the backbone at `path`.
+    A VLM folder gives models/vlm_critic.VisionValueModel (its head initialised the same way),
+    its vision tower frozen unless `freeze_vision_tower=False`.
 
     From a causal LM (SFT policy) the backbone is copied and the value head is new. From a reward
     model (`<Arch>ForSequenceClassification`, one label) the head is kept too, unless
@@ -213,6 +216,17 @@ def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient
     which is a better start for a value than a random head (seed 004, critic initialisation).
     """
     path = _check_folder(path)
+    from reinforge.models.vlm_processor import is_vlm_folder
+
+    if is_vlm_folder(path):
+        from reinforge.models.vlm_critic import load_vlm_critic
+
+        model = load_vlm_critic(path, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
+                                attn_implementation=attn_implementation, reinit_head=reinit_head, load=_from_pretrained)
+        model = _finish(model, device, gradient_checkpointing, True)
+        if freeze_vision_tower:
+            freeze_vision(model)
+        return model
     config = AutoConfig.from_pretrained(path, trust_remote_code=trust_remote_code, local_files_only=True)
     arch = (config.architectures or [""])[0]
     # A reward model's head, or a pretrained critic's (VAPO value pretraining), is kept.

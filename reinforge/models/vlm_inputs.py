@@ -38,6 +38,12 @@ class PromptImages:
     def __len__(self) -> int:
         return self.image_grid_thw.shape[0]
 
+    def __reduce__(self):
+        """Pickled (a checkpoint's rows in flight, trainers/async_rollout.CHUNKS_FILE) without
+        `features`: their keys name towers of this process (vlm_forward._tower_uid), numbers
+        that another process gives to other towers."""
+        return (PromptImages, (self.pixel_values, self.image_grid_thw))
+
 
 def render(processor, messages: list[dict]) -> str:
     """The prompt text: the chat template with image parts as vision blocks, ending where the

@@ -275,14 +275,22 @@ def has_dropout(model_path: str) -> bool:
     """Whether the model folder's config.json puts dropout into the forward: a `*dropout*` or
     `*pdrop` value > 0 (attention_dropout, hidden_dropout, resid_pdrop, ...), as the loaded
     module's nn.Dropout layers and config.attention_dropout would show
-    (workers/actor.on_policy_update). A folder without a readable config.json: none."""
+    (workers/actor.on_policy_update). A composite model's sub-configs count too: a VLM keeps its
+    language model's dropout in `text_config` and its tower's in `vision_config` (any `*_config`
+    object). A folder without a readable config.json: none."""
     try:
         data = json.loads((Path(model_path) / "config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError, UnicodeDecodeError):
         return False
+    return _config_has_dropout(data)
+
+
+def _config_has_dropout(data) -> bool:
+    """has_dropout on one config.json object and its `*_config` sub-objects."""
     if not isinstance(data, dict):
         return False
-    return any(("dropout" in k or k.endswith("pdrop")) and not k.startswith(HEAD_DROPOUT)
+    return any(_config_has_dropout(v) if k.endswith("_config") and isinstance(v, dict) else
+               ("dropout" in k or k.endswith("pdrop")) and not k.startswith(HEAD_DROPOUT)
                and isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0 for k, v in data.items())
 
 

@@ -14,7 +14,8 @@ Files (check_rl_files, check_supervised_files), once the plan is derived:
 2. the reward functions: each imported, checked callable in its style (reinforge, veRL, TRL);
 3. RL: a teacher's tokenizer against the student's, the agent loop's tools and environment
    imported, and with LoRA every model.lora_target_modules entry naming modules of the weights;
-   a vision-language actor (check_vlm_rl) only on the paths that carry its images.
+   a vision-language actor (check_vlm_rl) only on the paths that carry its images, its critic a
+   VLM with the same image layout (check_vlm_critic).
 """
 from __future__ import annotations
 
@@ -214,10 +215,46 @@ def check_models(cfg, folders: dict) -> None:
             check_tokenizer_files(folders[key], key)
 
 
+# vision_config keys that decide how a processor's pixel_values become image tokens: a critic
+# encodes the actor's processor output, so its tower must cut and merge patches alike
+_VISION_LAYOUT = ("patch_size", "temporal_patch_size", "spatial_merge_size", "in_chans", "in_channels")
+
+
+def _vision_layout(folder: str) -> dict:
+    """The image token id and patch layout of a VLM folder's config.json."""
+    data = json.loads((Path(folder) / "config.json").read_text(encoding="utf-8"))
+    vision = data.get("vision_config") or {}
+    top = {"image_token_id": data["image_token_id"]} if "image_token_id" in data else {}
+    return {**top, **{k: vision[k] for k in _VISION_LAYOUT if k in vision}}
+
+
+def check_vlm_critic(cfg) -> None:
+    """A vision-language actor's critic (critic.model_path, or the actor's folder) must be a
+    VLM that reads the actor's image tokens the same way: a text critic would not see the images."""
+    from reinforge.models.vlm_processor import is_vlm_folder
+
+    path = cfg.critic.model_path
+    if not path:
+        return
+    if not is_vlm_folder(path):
+        raise ConfigError(f"critic.model_path={path!r} is a text model but model.path={cfg.model.path!r} is a "
+                          "vision-language model: the critic would not see the images; use a VLM folder "
+                          "(or leave critic.model_path unset: the actor's)")
+    mine, theirs = _vision_layout(cfg.model.path), _vision_layout(path)
+    # keys both config.json files write (a default left out, or another family's name for it, is not a difference)
+    diff = {k: (mine[k], theirs[k]) for k in mine.keys() & theirs.keys() if mine[k] != theirs[k]}
+    if diff:
+        k = sorted(diff)[0]
+        raise ConfigError(f"critic.model_path={path!r}: its {k}={diff[k][1]} differs from model.path's {diff[k][0]}; "
+                          "the critic encodes the actor's processed images, so both need the same image tokens "
+                          "and patch layout")
+
+
 def check_vlm_rl(plan: RunPlan) -> None:
     """A vision-language actor (model.path's config.json has a vision_config) trains only where
-    the prompts' images reach every forward: a local synchronous run, the lean/hf rollout, a
-    single turn, no critic, no teacher. Elsewhere the images would be dropped or the model fail to load
+    the prompts' images reach every forward: a local run (synchronous, or asynchronous without
+    partial rollouts), the lean/hf rollout, a single turn, no teacher, a critic that is a VLM
+    too (check_vlm_critic). Elsewhere the images would be dropped or the model fail to load
     late, so each is refused here, naming its key."""
     from reinforge.models.vlm_processor import is_vlm_folder
 
@@ -228,12 +265,9 @@ def check_vlm_rl(plan: RunPlan) -> None:
     refused = [
         (r.backend not in ("lean", "hf"), f"rollout.backend={r.backend}", "its engine does not see the images; use lean or hf"),
         (cfg.trainer.backend != "local", f"trainer.backend={cfg.trainer.backend}", "image prompts train locally only"),
-        (plan.critic_enabled, f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} (a critic)",
-         "the critic has no vision-language value model; use a critic-free estimator such as grpo"),
         (plan.teacher_enabled, "teacher.coef != 0", "the teacher does not see the images"),
         (r.partial, "rollout.partial=true", "a resumed generation re-prefills without the images"),
         (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
-        (r.staleness > 0, f"rollout.staleness={r.staleness}", "asynchronous rollouts with images are untested; use 0"),
         (cfg.model.use_packing, "model.use_packing=true",
          "packed rows would give an image placeholder sampled in a response an image slot (the padded "
          "forward treats it as text: forward.response_logprobs); set model.use_packing=false"),
@@ -241,6 +275,8 @@ def check_vlm_rl(plan: RunPlan) -> None:
     for bad, key, fix in refused:
         if bad:
             raise ConfigError(f"{key}: {why}; {fix}")
+    if plan.critic_enabled:
+        check_vlm_critic(cfg)
 
 
 def check_rl_files(plan: RunPlan) -> None:

@@ -147,7 +147,8 @@ def build_workers(plan: RunPlan, shard=None) -> Workers:
     critic_model = critic = None
     if plan.critic_enabled:
         critic_model = shard(load_critic(cfg.critic.model_path or m.path, gradient_checkpointing=m.gradient_checkpointing,
-                                         reinit_head=cfg.critic.reinit_head, **_model_kwargs(plan)))
+                                         reinit_head=cfg.critic.reinit_head, freeze_vision_tower=m.freeze_vision_tower,
+                                         **_model_kwargs(plan)))
         critic = CriticWorker(critic_model, cfg.critic, total_steps=t.total_steps,
                               mini_batch_size=plan.critic_mini_batch_size,
                               micro_batch_size=plan.critic_micro_batch_size, seed=t.seed, use_packing=m.use_packing)

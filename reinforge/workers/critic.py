@@ -1,5 +1,7 @@
 """The critic: values V(s_t) for every response token, and the clipped value-loss update (the one
-update loop of workers/update_loop.py over one loss term)."""
+update loop of workers/update_loop.py over one loss term). Rows of image prompts (a `vision`
+field) go through the vision-language value model's forward, with the same image inputs and
+M-RoPE positions as the actor's (models/vlm_critic.py), in both the values and the update."""
 from __future__ import annotations
 
 import torch
@@ -29,9 +31,15 @@ class CriticWorker(LocalTrainedRole, role="critic"):
         self.optim = Optim(self.params, self.opt, cfg.grad_clip, self.guard)
 
     def _values(self, mb: Batch) -> torch.Tensor:
+        if "vision" in mb:  # a VLM critic on image prompts: the actor's image inputs (models/vlm_critic.py)
+            from reinforge.models.vlm_critic import vlm_response_values
+
+            return vlm_response_values(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1],
+                                       mb["vision"])
         fn = packed_response_values if self.use_packing else response_values
         return fn(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1])
 
+    @torch.no_grad()
     def values(self, batch: Batch) -> Batch:
         """-> values (B, T) on the CPU: the critic's estimate before each response token."""
         (vals,) = map_micro_batches(self.model, batch, self.micro_batch_size, self.cfg.max_tokens_per_micro_batch,

@@ -1,0 +1,107 @@
+"""The critic of a vision-language policy: the VLM's backbone (vision tower + language model)
+with a scalar value head on the language model's last hidden states.
+
+transformers has no `<VLM>ForTokenClassification`, so `load_critic` builds this one for a VLM
+folder (models/loading.py): `AutoModel` gives the backbone without its LM head (Qwen2-VL's
+`Qwen2VLModel`, whose `visual` and `get_image_features` models/vlm_forward.py reads), and
+`score` is a Linear(H, 1) initialised as the text critic's: from a policy the head is new
+(std 1e-3, zero bias: early values near zero); from a critic this class saved (its
+folder has a value_head.safetensors) the head is kept unless `reinit_head`. There is no
+vision-language reward model in reinforge to start from.
+
+Values come from the same inputs the actor's padded forward builds (forward.response_logprobs):
+the prompt's image placeholders take the image features (encoded once per distinct prompt,
+kept on the PromptImages while the tower is frozen), a placeholder sampled in a response stays
+text, and positions are M-RoPE's (3, B, L) from the attention mask, so a row's values do not
+depend on its batch's padding.
+
+Saved (`save_pretrained`) as a folder: the backbone's own `save_pretrained` (config.json and its
+weights, which `AutoModel` reads back) and value_head.safetensors (`weight` (1, H), `bias` (1,)).
+A checkpoint's critic.safetensors (workers/role.py) holds both under `model.` and `score.`.
+
+Shapes: B rows, L = P + T tokens, T response tokens, H hidden.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers.modeling_outputs import TokenClassifierOutput
+
+HEAD_FILE = "value_head.safetensors"
+
+
+class VisionValueModel(torch.nn.Module):
+    """`model`: a VLM backbone (vision tower + language model, no LM head); `score`: (H -> 1)."""
+
+    def __init__(self, backbone, bias: bool = True):
+        super().__init__()
+        self.model = backbone
+        self.config = backbone.config
+        hidden = self.config.get_text_config().hidden_size
+        param = next(backbone.parameters())
+        self.score = torch.nn.Linear(hidden, 1, bias=bias, device=param.device, dtype=param.dtype)
+
+    def get_input_embeddings(self):
+        return self.model.get_input_embeddings()
+
+    def get_output_embeddings(self):
+        return None  # no LM head: every parameter but the input embedding takes part in matmuls
+
+    def activation_checkpointing_enable(self, **kwargs):
+        self.model.activation_checkpointing_enable(**kwargs)
+
+    def forward(self, input_ids=None, attention_mask=None, position_ids=None, inputs_embeds=None,
+                use_cache=False, **kwargs) -> TokenClassifierOutput:
+        """-> logits (B, L, 1): the value head on every position's last hidden state."""
+        hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                            inputs_embeds=inputs_embeds, use_cache=use_cache, **kwargs).last_hidden_state
+        return TokenClassifierOutput(logits=self.score(hidden))
+
+    def save_pretrained(self, folder) -> None:
+        from safetensors.torch import save_file
+
+        self.model.save_pretrained(folder)
+        save_file({k: v.contiguous() for k, v in self.score.state_dict().items()}, str(Path(folder) / HEAD_FILE))
+
+
+def load_vlm_critic(path: str, *, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
+                    reinit_head: bool, load) -> VisionValueModel:
+    """The value model of VLM folder `path` (module docstring), on the CPU. `load`: the loader's
+    from_pretrained guard (loading._from_pretrained, which names a corrupt weight file)."""
+    from safetensors.torch import load_file
+    from transformers import AutoModel
+
+    head_file = Path(path) / HEAD_FILE
+    from_critic = head_file.is_file() and not reinit_head
+    backbone = load(AutoModel.from_pretrained, path, dtype=dtype, trust_remote_code=trust_remote_code,
+                    attn_implementation=attn_implementation, local_files_only=True)
+    head = load_file(str(head_file)) if from_critic else {}
+    model = VisionValueModel(backbone, bias="bias" in head if from_critic else True)
+    if from_critic:
+        model.score.load_state_dict(head)
+    else:
+        torch.nn.init.normal_(model.score.weight, std=1e-3)
+        torch.nn.init.zeros_(model.score.bias)
+    return model
+
+
+def vlm_response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
+                        vision: list) -> torch.Tensor:
+    """Values V(s_t) before each of the last `response_len` tokens of rows with images `vision`
+    (B,): (B, L) -> (B, T) fp32, read one position earlier as forward.response_values does."""
+    from reinforge.models.forward import position_ids_from_mask
+    from reinforge.models.vlm_forward import (image_embeds, ordered_images, prompt_image_slots, vision_token,
+                                              vlm_position_ids)
+
+    T = response_len
+    fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    if any(v is not None for v in vision):
+        # as the actor's padded forward: a response's sampled placeholder is text (no image slot,
+        # text positions); only the prompt's placeholders take image features
+        slots = prompt_image_slots(critic, input_ids, T)
+        fwd["position_ids"] = vlm_position_ids(critic, torch.where(slots | (input_ids != vision_token(critic)),
+                                                                   input_ids, -1), attention_mask, vision)[0]
+        fwd["image_slots"] = slots
+        fwd = image_embeds(critic, fwd, ordered_images(vision))
+    return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()
