@@ -91,7 +91,7 @@ def test_packed_positions_equal_the_models_own(vlm, batch):
     ids, mask, vision = batch
     p = pack(ids, mask, row_len=int(mask.sum()))  # one row holds all sequences
     assert p.input_ids.shape[0] == 1
-    pos4, images = packed_vision(model, ids, mask, vision, p)
+    pos4, slots4, images = packed_vision(model, ids, mask, vision, p)
     flat = pos4.reshape(4, -1)
     own = _own_positions(model, ids, mask, vision)
     for b in range(ids.shape[0]):

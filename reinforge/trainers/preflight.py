@@ -266,5 +266,6 @@ def check_rl_files(plan: RunPlan) -> None:
 def check_supervised_files(plan: SupervisedPlan) -> None:
     """Every file an SFT / DPO / RM plan names, without building a model."""
     check_models(plan.cfg, plan.model_folders)
+    check_lora_targets(plan.cfg)
     for key, spec, style in plan.reward_functions:
         check_reward_function(spec, key, style)
