@@ -36,7 +36,7 @@ def vlm_data(tmp_path_factory):
     files = make_task_data("count_shapes", str(root / "shapes"), n_train=2, n_test=2, n_sft=6, seed=0)
     sft = load_rows(files["sft"])
     user = [{"role": "user", "content": QUESTION}]
-    out = {"model": str(root / "model"), "sft_verl": files["sft"], "prefs_verl": files["prefs"]}
+    out = {"model": str(root / "model"), "sft_verl": files["sft"], "prefs_verl": files["prefs"], "test_verl": files["test"]}
     # TRL: the image in its own column beside a placeholder-free conversational prompt/completion
     out["sft_trl"] = write_rows([{"prompt": user, "completion": [{"role": "assistant", "content": r["response"]}],
                                   "image": {"bytes": r["images"][0]["bytes"]}} for r in sft],
@@ -85,8 +85,10 @@ def _last_metrics(run_dir) -> dict:
 def test_sft_step_on_image_rows(schema, vlm_data, tmp_path):
     train = vlm_data[{"verl": "sft_verl", "trl": "sft_trl", "messages": "sft_messages", "lora": "sft_verl"}[schema]]
     extra = {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj,v_proj]"} if schema == "lora" else {}
-    if schema == "trl":  # validation loss on image rows and the export (with its image processor)
-        extra.update({"data.val_files": f"[{vlm_data['sft_verl']}]", "trainer.export_hf": True})
+    if schema == "trl":  # validation loss and accuracy on image rows, the export (with its image processor)
+        extra.update({"data.val_files": f"[{vlm_data['sft_verl']}]", "trainer.export_hf": True,
+                      "eval.prompt_files": f"[{vlm_data['test_verl']}]", "eval.reward_functions": "[{name: exact_match}]",
+                      "eval.max_prompt_length": 64, "eval.max_response_length": 3, "eval.n": 2, "eval.pass_k": "[1,2]"})
     trainer = SFTTrainer(_sft_cfg(vlm_data["model"], train, tmp_path / "run", **extra))
     assert all(r["vision"] is not None for r in trainer.train_rows)
     tower, lm = _params(trainer.model, True), _params(trainer.model, False)
@@ -97,7 +99,7 @@ def test_sft_step_on_image_rows(schema, vlm_data, tmp_path):
     if schema == "trl":
         from reinforge.models.loading import load_causal_lm, load_vlm_processor
 
-        assert math.isfinite(final["val/loss"])
+        assert math.isfinite(final["val/loss"]) and 0.0 <= final["val/acc_greedy"] <= 1.0 and "val/pass@2" in final
         exported = str(tmp_path / "run" / "hf")
         assert load_vlm_processor(exported).image_processor is not None
         assert hasattr(load_causal_lm(exported, train=False).model, "visual")
