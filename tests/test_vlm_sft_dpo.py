@@ -206,3 +206,84 @@ def test_sft_dry_run_reads_image_rows(vlm_data, tmp_path, capsys, no_model_loads
             f"trainer.run_dir={tmp_path / 'run'}"]
     assert main(["sft", "--dry-run", *args]) == 0
     assert "data.train_files: 6 rows" in capsys.readouterr().out
+
+
+# ---- DPO ------------------------------------------------------------------------------------
+def _dpo_cfg(model: str, train: str, run_dir, **extra):
+    from reinforge.config.preference import DPOConfig
+
+    base = {"model.path": model, "data.train_files": f"[{train}]", "data.val_fraction": 0.0, "data.max_length": 64,
+            "data.batch_size": 4, "optim.micro_batch_size": 2, "trainer.total_steps": 1, "optim.lr": 1e-2,
+            "optim.warmup_steps": 0, "dpo.beta": 0.5, "trainer.run_dir": str(run_dir), "trainer.progress": False,
+            "trainer.loggers": "[jsonl]", "trainer.val_before_train": False, "trainer.export_hf": False,
+            "trainer.save_every": 0}
+    base.update(extra)
+    return load_config(DPOConfig, "dpo", [f"{k}={v}" for k, v in base.items()])
+
+
+@pytest.mark.parametrize("schema", ["verl", "trl", "lora", "kto"])
+def test_dpo_step_on_image_prompts(schema, vlm_data, tmp_path):
+    """One step: at step 1 the policy is the reference, so the sigmoid loss is log 2 with zero
+    rewards whatever the images do (the reference saw the same images through the same path)."""
+    from reinforge.trainers.dpo import DPOTrainer
+
+    extra = {"lora": {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj,v_proj]"},
+             "kto": {"dpo.loss_type": "kto"}, "trl": {"trainer.export_hf": True}}.get(schema, {})
+    trainer = DPOTrainer(_dpo_cfg(vlm_data["model"], vlm_data["prefs_trl" if schema == "trl" else "prefs_verl"],
+                                  tmp_path / "run", **extra))
+    assert all(trainer.train[i]["vision"] is not None for i in range(len(trainer.train)))
+    tower, lm = _params(trainer.model, True), _params(trainer.model, False)
+    trainer.fit()
+    step = _last_metrics(tmp_path / "run")
+    assert step["step"] == 1 and math.isfinite(step["loss"]) and math.isfinite(step["grad_norm"])
+    if schema != "kto":
+        assert step["loss"] == pytest.approx(math.log(2), abs=1e-5)
+        assert abs(step["rewards/chosen"]) < 1e-5 and abs(step["rewards/rejected"]) < 1e-5
+    _assert_trained(tower, lm, trainer.model, lora=schema == "lora")
+    if schema == "trl":
+        from reinforge.models.loading import load_vlm_processor
+
+        assert load_vlm_processor(str(tmp_path / "run" / "hf")).image_processor is not None
+
+
+def _own_sequence_logps(model, batch: dict, b: int) -> float:
+    """Row b's summed response log-prob from the model's own forward on the unpadded sequence
+    (pixel_values and its own M-RoPE)."""
+    real = batch["attention_mask"][b].bool()
+    seq = batch["input_ids"][b][real][None]
+    v = batch["vision"][b]
+    with torch.no_grad():
+        logits = model(input_ids=seq, pixel_values=v.pixel_values, image_grid_thw=v.image_grid_thw,
+                       mm_token_type_ids=(seq == model.config.image_token_id).long()).logits[0].float()
+    lp = logits.log_softmax(-1)[:-1].gather(-1, seq[0, 1:, None])[:, 0]
+    return float(lp[batch["loss_mask"][b][real][1:].bool()].sum())
+
+
+def test_dpo_reference_logps_through_the_image_path(vlm_data, tmp_path):
+    """The live reference's and the precomputed reference's summed log-probs of the chosen and
+    rejected rows equal the per-row unpadded computation; the loss mask holds the response (and
+    its EOS) only; chosen and rejected rows share their prompt's one encoding."""
+    from reinforge.models.vlm_forward import EncoderCounter
+    from reinforge.trainers.dpo import DPOTrainer
+    from reinforge.trainers.preference_common import pair_tensors
+
+    live = DPOTrainer(_dpo_cfg(vlm_data["model"], vlm_data["prefs_trl"], tmp_path / "live"))
+    cached = DPOTrainer(_dpo_cfg(vlm_data["model"], vlm_data["prefs_trl"], tmp_path / "cached",
+                                 **{"dpo.precompute_ref": True}))
+    items = [live.train[i] for i in range(3)]
+    batch = pair_tensors(items, live.pad_id, "cpu")  # (6, L): chosen rows, then rejected
+    assert all(batch["vision"][b] is batch["vision"][b + 3] for b in range(3))
+    rows = load_rows(vlm_data["prefs_trl"])
+    for b, it in enumerate(items):  # hand check of the loss mask
+        for r, key in ((b, "chosen"), (b + 3, "rejected")):
+            ids, mask = batch["input_ids"][r], batch["loss_mask"][r]
+            assert live.tok.decode(ids[mask.bool()]) == rows[b][key][0]["content"] + "<|im_end|>"
+    counter = EncoderCounter(live.reference)
+    try:
+        ref = live.reference_sums(items, batch, "train")
+    finally:
+        counter.close()
+    assert counter.calls == 1 and counter.images == 3  # one encoding per pair, not per row
+    own = torch.tensor([_own_sequence_logps(live.reference, batch, r) for r in range(6)])
+    torch.testing.assert_close(ref.float(), own, atol=1e-4, rtol=0)
+    torch.testing.assert_close(cached.reference_sums(items, batch, "train").float(), own, atol=1e-4, rtol=0)
