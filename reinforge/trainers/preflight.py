@@ -234,9 +234,6 @@ def check_vlm_rl(plan: RunPlan) -> None:
         (r.partial, "rollout.partial=true", "a resumed generation re-prefills without the images"),
         (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
         (r.staleness > 0, f"rollout.staleness={r.staleness}", "asynchronous rollouts with images are untested; use 0"),
-        (cfg.model.use_packing, "model.use_packing=true",
-         "packed rows would give an image placeholder sampled in a response an image slot (the padded "
-         "forward treats it as text: forward.response_logprobs); set model.use_packing=false"),
     ]
     for bad, key, fix in refused:
         if bad:
