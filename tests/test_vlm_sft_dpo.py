@@ -81,10 +81,11 @@ def _last_metrics(run_dir) -> dict:
     return [json.loads(x) for x in (run_dir / "metrics.jsonl").read_text().splitlines()][-1]
 
 
-@pytest.mark.parametrize("schema", ["verl", "trl", "messages", "lora"])
+@pytest.mark.parametrize("schema", ["verl", "trl", "messages", "lora", "unfrozen"])
 def test_sft_step_on_image_rows(schema, vlm_data, tmp_path):
-    train = vlm_data[{"verl": "sft_verl", "trl": "sft_trl", "messages": "sft_messages", "lora": "sft_verl"}[schema]]
-    extra = {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj,v_proj]"} if schema == "lora" else {}
+    train = vlm_data["sft_trl" if schema == "trl" else "sft_messages" if schema == "messages" else "sft_verl"]
+    extra = {"lora": {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj,v_proj]"},
+             "unfrozen": {"model.freeze_vision_tower": False}}.get(schema, {})
     if schema == "trl":  # validation loss and accuracy on image rows, the export (with its image processor)
         extra.update({"data.val_files": f"[{vlm_data['sft_verl']}]", "trainer.export_hf": True,
                       "eval.prompt_files": f"[{vlm_data['test_verl']}]", "eval.reward_functions": "[{name: exact_match}]",
@@ -95,6 +96,10 @@ def test_sft_step_on_image_rows(schema, vlm_data, tmp_path):
     final = trainer.fit()
     step = _last_metrics(tmp_path / "run")
     assert step["step"] == 1 and math.isfinite(step["train/loss"]) and math.isfinite(step["train/grad_norm"])
+    if schema == "unfrozen":  # model.freeze_vision_tower=false: the tower trains with the language model
+        after = _params(trainer.model, True)
+        assert any(not torch.equal(tower[k], after[k]) for k in tower)
+        return
     _assert_trained(tower, lm, trainer.model, lora=schema == "lora")
     if schema == "trl":
         from reinforge.models.loading import load_causal_lm, load_vlm_processor
@@ -287,3 +292,24 @@ def test_dpo_reference_logps_through_the_image_path(vlm_data, tmp_path):
     own = torch.tensor([_own_sequence_logps(live.reference, batch, r) for r in range(6)])
     torch.testing.assert_close(ref.float(), own, atol=1e-4, rtol=0)
     torch.testing.assert_close(cached.reference_sums(items, batch, "train").float(), own, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("case,message", [
+    ("bytes", "row 1: field 'images[0]': unreadable image"),
+    ("count", "row 1: field 'prompt': the prompt has 2 image placeholder(s)"),
+    ("text_model", "the row has images but the model has no image processor"),
+])
+def test_dpo_refuses_bad_image_rows_before_a_model_loads(case, message, vlm_data, tmp_path, tiny_model_dir,
+                                                         no_model_loads):
+    from reinforge.trainers.dpo import DPOTrainer
+
+    good = load_rows(vlm_data["prefs_verl"])[0]
+    bad = {"bytes": {**good, "images": [{"bytes": b"GIF89a, not really", "path": None}]},
+           "count": {**good, "prompt": [{"role": "user", "content": "<image><image>" + QUESTION}]},
+           "text_model": good}[case]
+    train = write_rows([good, bad, good, good], str(tmp_path / "prefs.parquet"))
+    model = tiny_model_dir if case == "text_model" else vlm_data["model"]
+    with pytest.raises((DataError, ConfigError), match=re.escape(message)) as err:
+        DPOTrainer(_dpo_cfg(model, train, tmp_path / "run"))
+    assert "\n" not in str(err.value)
+
