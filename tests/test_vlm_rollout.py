@@ -5,6 +5,7 @@ import torch
 from PIL import Image
 
 from reinforge.models.forward import response_logprobs
+from reinforge.models.packing import packed_response_logprobs
 from reinforge.models.vlm_forward import EncoderCounter
 from reinforge.models.vlm_inputs import encode_prompt
 from reinforge.protocol import Batch
@@ -67,7 +68,8 @@ def test_lean_greedy_matches_generate(vlm, prompts):
 def test_sampled_image_placeholder_in_a_response_is_text(vlm, prompts, backend):
     """A random policy samples the image placeholder id (1 in ~105 here): the rollout feeds it back
     as a token, so the trainer's recomputation must give it no image feature and text positions,
-    and still equal the rollout's log-probs (it used to fail counting image tokens)."""
+    and still equal the rollout's log-probs (it used to fail counting image tokens), padded and
+    packed alike."""
     model, proc = vlm
     tok_id = model.config.image_token_id
     rollout = backend(model, proc.tokenizer, max_prompt_length=P, max_response_length=24, ignore_eos=True)
@@ -79,4 +81,7 @@ def test_sampled_image_placeholder_in_a_response_is_text(vlm, prompts, backend):
     with torch.no_grad():
         lp, _ = response_logprobs(model, out["input_ids"], out["attention_mask"], 24, temperature=2.0,
                                   vision=out["vision"])
+        packed, _ = packed_response_logprobs(model, out["input_ids"], out["attention_mask"], 24, temperature=2.0,
+                                             vision=out["vision"])  # model.use_packing's forward
     torch.testing.assert_close(out["rollout_log_probs"][mask], lp[mask], atol=1e-5, rtol=0)
+    torch.testing.assert_close(packed[mask], lp[mask], atol=1e-5, rtol=0)

@@ -54,7 +54,7 @@ def _params(model, vision: bool) -> dict[str, torch.Tensor]:
     return {k: p.detach().clone() for k, p in model.named_parameters() if ("visual" in k) == vision}
 
 
-@pytest.mark.parametrize("schema", ["verl", "trl", "lora", "remax"])
+@pytest.mark.parametrize("schema", ["verl", "trl", "lora", "remax", "packing"])
 def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
     model, verl_file, trl_file = vlm_setup
     # veRL run: two mini-batches, so the separate old-log-prob pass runs; TRL run: on-policy,
@@ -64,7 +64,8 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
              "trl": {"data.val_files": f"[{verl_file}]", "trainer.val_before_train": True, "rollout.val_n": 2,
                      "trainer.export_hf": True, "data.max_val_samples": 2},
              "lora": {"model.lora_rank": 4, "model.lora_target_modules": "[q_proj,v_proj]"},
-             "remax": {}}[schema]  # ReMax: a greedy baseline rollout on the same image prompts
+             "remax": {},  # ReMax: a greedy baseline rollout on the same image prompts
+             "packing": {"model.use_packing": True, "actor.mini_batch_size": 4}}[schema]  # packed log-prob forwards
     cfg = load_config(RLConfig, "remax" if schema == "remax" else "grpo", _overrides(model, trl_file if schema == "trl" else verl_file,
                                                    str(tmp_path / "run"), **extra))
     trainer = RLTrainer(cfg)
@@ -119,7 +120,6 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
     ({"trainer.backend": "ray"}, "trainer.backend=ray"),
     ({"rollout.max_turns": 2}, "rollout.max_turns=2"),
     ({"rollout.staleness": 1, "rollout.partial": True}, "rollout.partial=true"),
-    ({"model.use_packing": True}, "model.use_packing=true"),
 ])
 def test_vlm_refusals_before_models_load(override, key, vlm_setup, tmp_path, no_model_loads, monkeypatch):
     import reinforge.workers.rollout as rollouts

@@ -136,7 +136,7 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
     elif resume:
         state += f"; resumes from {resume}"
     m = cfg.model
-    if command == "train":  # a vision-language actor's prompts are read with its processor
+    if command in ("train", "sft", "dpo"):  # a vision-language model's rows are read with its processor
         from reinforge.trainers.rl_setup import load_processing
 
         tok, encoder = load_processing(m)

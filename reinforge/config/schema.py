@@ -49,7 +49,8 @@ class ModelConfig:
     attention block-diagonal) for the actor, reference and critic forward passes."""
     lora_rank: int = 0
     """LoRA rank for the actor (PEFT); 0 trains all weights. The reference is then the base
-    model with the adapter disabled (no second copy)."""
+    model with the adapter disabled (no second copy). SFT and DPO take it too (DPO's reference
+    is then the model folder loaded on its own)."""
     lora_alpha: float = 16.0
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
     lora_target_modules: list = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj"])

@@ -27,9 +27,11 @@ def assistant_turns(messages: list[dict], tokenizer, path: str, row: int, field:
     turn by turn (an earlier turn's text is not a prefix of the later ones: templates that drop
     past reasoning, for instance).
     """
+    from reinforge.data.images import text_tokenizer  # a VLM's processor renders; its tokenizer knows the EOS
+
     if getattr(tokenizer, "chat_template", None) is None:
         raise row_error(path, row, field, "is a message list but the tokenizer has no chat template")
-    eos = tokenizer.eos_token or ""
+    eos = text_tokenizer(tokenizer).eos_token or ""
     pieces: list[tuple[str, bool]] = []
     done = ""  # the text the pieces cover so far
     for k in range(max(first, 1), len(messages)):

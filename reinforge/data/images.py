@@ -258,14 +258,10 @@ def render_messages(tokenizer, messages: list[dict], path: str, i: int, field: s
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
-def encode_with_images(processor, text: str, images: list) -> list[int]:
-    """Token ids of `text` (special tokens as the text writes them) with each image marker
-    expanded into the image's tokens, as the processor does for the model's input."""
-    return list(processor(text=[text], images=[list(images)], add_special_tokens=False)["input_ids"][0])
-
-
 def encode_image_prompt(processor, text: str, images: list) -> tuple[list[int], "Any"]:
-    """`encode_with_images`'s ids and, from the same processor call, the prompt's PromptImages
+    """Token ids of `text` (special tokens as the text writes them) with each image marker
+    expanded into the image's tokens, as the processor does for the model's input, and, from
+    the same processor call, the prompt's PromptImages
     (models/vlm_inputs.py: pixel_values (N, D), image_grid_thw (K, 3)): what the RL pipeline
     hands the rollout and the log-prob forwards as the prompt's `vision`."""
     from reinforge.models.vlm_inputs import PromptImages

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from reinforge.data.images import (DEFAULT_MAX_PIXELS, base_dir, encode_with_images, has_images, image_prompt,
+from reinforge.data.images import (DEFAULT_MAX_PIXELS, base_dir, encode_image_prompt, has_images, image_prompt,
                                    render_messages, require_processor, text_tokenizer)
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.sft import collate_sft
@@ -18,9 +18,9 @@ PREF_OVERLONG = ("error", "skip")
 
 
 def prompts_with_images(rows: list[dict], tokenizer, path: str, max_pixels: int) -> tuple[list[str], dict, list]:
-    """Each row's prompt text, the canonical (messages, images) of its image rows by row, and
-    each prompt's token ids (image tokens expanded): the prompt side of both preference datasets
-    (reinforge.data.images; image rows need a processor as `tokenizer`)."""
+    """Each row's prompt text, the canonical (messages, images, PromptImages) of its image rows
+    by row, and each prompt's token ids (image tokens expanded): the prompt side of both
+    preference datasets (reinforge.data.images; image rows need a processor as `tokenizer`)."""
     root = base_dir(path) if has_images(rows) else None
     tok, prompts, visual = text_tokenizer(tokenizer), [], {}
     for i, row in enumerate(rows):
@@ -34,9 +34,16 @@ def prompts_with_images(rows: list[dict], tokenizer, path: str, max_pixels: int)
         require_processor(tokenizer, path, i, "prompt")
         prompts[i] = render_messages(tokenizer, messages, path, i, "prompt")
     ids = encode(tok, prompts)
-    for i, (_, images) in visual.items():
-        ids[i] = encode_with_images(tokenizer, prompts[i], images)
+    for i, (messages, images) in visual.items():
+        ids[i], vision = encode_image_prompt(tokenizer, prompts[i], images)
+        visual[i] = (messages, images, vision)
     return prompts, visual, nonempty_ids(ids, path, "prompt")
+
+
+def _add_images(item: dict, image_row: tuple) -> dict:
+    """An item of an image row with its "prompt_messages", "images" and "vision" (PromptImages)."""
+    item["prompt_messages"], item["images"], item["vision"] = image_row
+    return item
 
 
 class PreferenceDataset(ItemsDataset):
@@ -46,7 +53,9 @@ class PreferenceDataset(ItemsDataset):
     message's content is the response). Both responses end with eos. Rows with a missing
     field, an empty response or chosen == rejected raise DataError naming file, row and field:
     an identical pair carries no preference and would silently give a zero DPO gradient.
-    Image rows (reinforge.data.images) also hold "prompt_messages" and "images".
+    Image rows (reinforge.data.images: TRL's vision DPO rows, `images` beside prompt/chosen/
+    rejected, or veRL's `<image>` prompts) also hold "prompt_messages", "images" and "vision",
+    the prompt's PromptImages, which its chosen and rejected sequences share.
     """
 
     def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error",
@@ -78,7 +87,7 @@ class PreferenceDataset(ItemsDataset):
                 continue
             self.items.append({"prompt_text": text, "prompt_ids": p, "chosen_ids": c + [eos], "rejected_ids": r + [eos]})
             if i in visual:
-                self.items[-1]["prompt_messages"], self.items[-1]["images"] = visual[i]
+                _add_images(self.items[-1], visual[i])
         if not self.items:
             raise DataError(f"{file_label(self.path)}: no pair fits data.max_length={max_length}")
 
@@ -87,15 +96,16 @@ def collate_preference(items: list[dict], pad_id: int) -> dict[str, "torch.Tenso
     """Chosen rows then rejected rows, right-padded: input_ids, attention_mask, loss_mask (2B, L).
 
     Row b and row B + b are the chosen and rejected sequence of pair b; loss_mask is 1 on
-    response tokens (incl. eos), so sequence log-probs are sums over loss_mask[:, 1:].
+    response tokens (incl. eos), so sequence log-probs are sums over loss_mask[:, 1:]. With image
+    prompts, "vision" (2B,): rows b and B + b hold pair b's one PromptImages (encoded once).
     """
     return collate_sft(_prompt_and(items, "chosen_ids") + _prompt_and(items, "rejected_ids"), pad_id)
 
 
 def _prompt_and(items: list[dict], key: str) -> list[dict]:
     """SFT-style rows: each item's prompt ids followed by its `key` ids, loss on the latter only."""
-    return [{"input_ids": it["prompt_ids"] + it[key], "loss_mask": [0] * len(it["prompt_ids"]) + [1] * len(it[key])}
-            for it in items]
+    return [{"input_ids": it["prompt_ids"] + it[key], "loss_mask": [0] * len(it["prompt_ids"]) + [1] * len(it[key]),
+             "vision": it.get("vision")} for it in items]
 
 
 def _label(value, path: str, row: int) -> bool:
@@ -114,7 +124,7 @@ class UnpairedPreferenceDataset(ItemsDataset):
     prompt/chosen/rejected pairs, each split into a desirable and an undesirable item (as TRL
     unpairs them for KTO). Completions may be text or message lists and end with eos; a missing
     or empty field, or a non-boolean label, raises DataError naming file, row and field.
-    Image rows (reinforge.data.images) also hold "prompt_messages" and "images".
+    Image rows (reinforge.data.images) also hold "prompt_messages", "images" and "vision".
     """
 
     def __init__(self, path: str, tokenizer, *, max_length: int, overlong: str = "error",
@@ -150,7 +160,7 @@ class UnpairedPreferenceDataset(ItemsDataset):
                 self.items.append({"prompt_text": text, "prompt_ids": p, "completion_ids": c + [eos],
                                    "label": labels[i]})
                 if i in visual:
-                    self.items[-1]["prompt_messages"], self.items[-1]["images"] = visual[i]
+                    _add_images(self.items[-1], visual[i])
         if not self.items:
             raise DataError(f"{file_label(self.path)}: no completion fits data.max_length={max_length}")
 

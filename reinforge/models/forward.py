@@ -57,22 +57,19 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     the model's forward applies to its logits.
     Both run as a root forward (`as_root_forward`), so FSDP gathers the head for them.
     top_k / top_p: the rollout's sampling filter (algos.logprobs.sampling_filter_; 0 / 1: none).
-    images: a VLM's PromptImages in the order of their tokens in fwd's input_ids (fwd's
-    position_ids then M-RoPE's): encoded inside the root forward, once per distinct prompt.
+    images: a VLM's PromptImages in the order of their image slots in fwd (fwd then holds
+    `image_slots`, the placeholders that take their features, and M-RoPE position_ids:
+    vlm_forward.image_inputs): encoded inside the root forward, once per distinct prompt.
     """
     backbone, head = _lm_parts(model)
     use_fused = fused and getattr(head, "bias", None) is None
     scale, softcap = logit_transform(unwrap_peft(model).config) if use_fused else (1.0, 0.0)
 
     def run(**fwd):
-        if images and "image_slots" in fwd:  # features placed at the given slots only (response_logprobs)
+        if images:  # features placed at fwd's image_slots only (vlm_forward.image_inputs)
             from reinforge.models.vlm_forward import image_embeds
 
             fwd = image_embeds(model, fwd, images)
-        elif images:
-            from reinforge.models.vlm_forward import image_outputs
-
-            fwd = {**fwd, "mm_encoder_outputs": image_outputs(model, images)}
         if use_fused:
             from reinforge.algos.fused_logprobs import bf16_head, fused_logprobs_from_hidden
 
@@ -108,14 +105,11 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
     images = None
     if vision is not None and any(v is not None for v in vision):
-        from reinforge.models.vlm_forward import ordered_images, prompt_image_slots, vision_token, vlm_position_ids
+        from reinforge.models.vlm_forward import image_inputs
 
         # A sampled image placeholder in a response is text, as the rollout fed it (its own
         # embedding, text positions): only the prompt's placeholders take image features.
-        slots = prompt_image_slots(model, input_ids, T)
-        fwd["position_ids"] = vlm_position_ids(model, torch.where(slots | (input_ids != vision_token(model)), input_ids, -1),
-                                               attention_mask, vision)[0]
-        fwd["image_slots"], images = slots, ordered_images(vision)
+        fwd["position_ids"], fwd["image_slots"], images = image_inputs(model, input_ids, attention_mask, vision)
     logp, ent = token_logprobs(model, fwd, lambda x: x[:, -T - 1:-1].reshape(B * T, x.shape[-1]),
                                input_ids[:, -T:].reshape(-1), temperature=temperature, with_entropy=with_entropy,
                                fused=fused, chunk_size=chunk_size, top_k=top_k, top_p=top_p, images=images)
@@ -134,12 +128,13 @@ def target_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | Non
     fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
     images = None
     if vision is not None and any(v is not None for v in vision):
-        from reinforge.models.vlm_forward import ordered_images, vlm_position_ids
+        from reinforge.models.vlm_forward import image_inputs
 
         if fwd["attention_mask"].dim() != 2:
             raise ValueError("image rows need a padded (B, L) batch: packed SFT rows (4D masks) are text only")
-        fwd["position_ids"] = vlm_position_ids(model, fwd["input_ids"], fwd["attention_mask"], vision)[0]
-        images = ordered_images(vision)
+        # the prompts' placeholders only: a completion that spells `<|image_pad|>` is text
+        fwd["position_ids"], fwd["image_slots"], images = image_inputs(model, fwd["input_ids"], fwd["attention_mask"],
+                                                                       vision)
     return token_logprobs(model, fwd, lambda x: x[:, :-1][target], batch["input_ids"][:, 1:][target],
                           fused=fused, chunk_size=chunk_size, images=images)[0]
 

@@ -174,7 +174,7 @@ def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: tor
     fwd = dict(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids)
     images = None
     if vision is not None and any(v is not None for v in vision):
-        fwd["position_ids"], images = packed_vision(model, input_ids, attention_mask, vision, p)
+        fwd["position_ids"], fwd["image_slots"], images = packed_vision(model, input_ids, attention_mask, vision, p)
     logp, ent = token_logprobs(model, fwd, lambda x: x.reshape(-1, x.shape[-1])[src], labels,
                                temperature=temperature, with_entropy=with_entropy, fused=fused, chunk_size=chunk_size,
                                top_k=top_k, top_p=top_p, images=images)
@@ -182,17 +182,23 @@ def packed_response_logprobs(model, input_ids: torch.Tensor, attention_mask: tor
 
 
 def packed_vision(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, vision: list,
-                  p: Packed) -> tuple[torch.Tensor, list]:
+                  p: Packed) -> tuple[torch.Tensor, torch.Tensor, list]:
     """A VLM batch's packed positions (4, R, C) (models/mrope.packed_mrope: the packed text
-    positions, then each token's M-RoPE position computed on its own sequence) and the rows'
-    PromptImages in the order their tokens sit in the packed rows (sequences by packed start)."""
+    positions, then each token's M-RoPE position computed on its own sequence), its image slots
+    (R, C) and the rows' PromptImages in the order their slots sit in the packed rows (sequences
+    by packed start). Slots and positions are the padded forward's (vlm_forward.image_inputs:
+    the prompts' placeholders only, a response's sampled one is text) moved to the packed slots."""
     from reinforge.models.mrope import packed_mrope
-    from reinforge.models.vlm_forward import vlm_position_ids
+    from reinforge.models.vlm_forward import image_inputs
 
-    padded = vlm_position_ids(model, input_ids, attention_mask, vision)[0]  # (3, B, L)
-    start = torch.where(p.dest >= 0, p.dest, torch.full_like(p.dest, p.dest.numel() + p.input_ids.numel())).amin(-1)
+    padded, slots, _ = image_inputs(model, input_ids, attention_mask, vision)  # (3, B, L), (B, L)
+    valid = p.dest >= 0
+    packed_slots = torch.zeros(p.input_ids.numel(), dtype=torch.bool, device=slots.device)
+    packed_slots[p.dest[valid]] = slots[valid]
+    start = torch.where(valid, p.dest, torch.full_like(p.dest, p.dest.numel() + p.input_ids.numel())).amin(-1)
     order = sorted(range(len(vision)), key=lambda i: int(start[i]))
-    return packed_mrope(padded, p.position_ids, p.dest), [vision[i] for i in order if vision[i] is not None]
+    return (packed_mrope(padded, p.position_ids, p.dest), packed_slots.view_as(p.input_ids),
+            [vision[i] for i in order if vision[i] is not None])
 
 
 def packed_response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,

@@ -91,17 +91,13 @@ def vlm_response_values(critic, input_ids: torch.Tensor, attention_mask: torch.T
     """Values V(s_t) before each of the last `response_len` tokens of rows with images `vision`
     (B,): (B, L) -> (B, T) fp32, read one position earlier as forward.response_values does."""
     from reinforge.models.forward import position_ids_from_mask
-    from reinforge.models.vlm_forward import (image_embeds, ordered_images, prompt_image_slots, vision_token,
-                                              vlm_position_ids)
+    from reinforge.models.vlm_forward import image_embeds, image_inputs
 
     T = response_len
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
     if any(v is not None for v in vision):
-        # as the actor's padded forward: a response's sampled placeholder is text (no image slot,
-        # text positions); only the prompt's placeholders take image features
-        slots = prompt_image_slots(critic, input_ids, T)
-        fwd["position_ids"] = vlm_position_ids(critic, torch.where(slots | (input_ids != vision_token(critic)),
-                                                                   input_ids, -1), attention_mask, vision)[0]
-        fwd["image_slots"] = slots
-        fwd = image_embeds(critic, fwd, ordered_images(vision))
+        # the actor's image inputs (forward.response_logprobs): a response's sampled placeholder
+        # is text (no image slot, text positions); only the prompt's placeholders take features
+        fwd["position_ids"], fwd["image_slots"], images = image_inputs(critic, input_ids, attention_mask, vision)
+        fwd = image_embeds(critic, fwd, images)
     return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()

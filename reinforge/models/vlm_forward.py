@@ -4,11 +4,16 @@ features, computed once per distinct prompt.
 `forward.token_logprobs` and its callers take `vision`, the B rows' `PromptImages` (or None),
 and go through here only when it is given, so the text path does no extra work.
 
-- `vlm_position_ids`: (3, B, L) positions of a left-padded / right-padded batch (models/mrope.py).
-- `image_outputs`: the features of every image in the order their tokens appear, as the
-  `mm_encoder_outputs` transformers' Qwen2-VL forward accepts instead of pixel_values. The
-  encoder runs once on the distinct PromptImages (identity) of the call: a group's n samples
-  are one encoding. With the vision tower frozen (no parameter requiring grad) it runs under
+- `vlm_position_ids`: (3, B, L) positions of a left-padded / right-padded batch (models/mrope.py);
+  the rollout's prompts use it as is.
+- `image_inputs`: what every log-prob forward (padded RL rows, SFT and DPO rows, and packed rows
+  through models/packing.py) adds for images: `prompt_image_slots`, the one mask of the
+  placeholders that take image features (the prompts', never a response's), the M-RoPE positions
+  with only those as image tokens, and the images in token order.
+- `image_embeds`: the token embeddings with the features scattered into those slots (the
+  trainer builds `inputs_embeds` itself, as the rollouts do). The encoder runs once on the
+  distinct PromptImages (identity) of the call: a group's n samples (and DPO's chosen and
+  rejected rows) are one encoding. With the vision tower frozen (no parameter requiring grad) it runs under
   no_grad, so no activations are kept for it, and its features are kept on the PromptImages
   (keyed by the tower, its dtype and device), so the step's later passes over the same prompts
   (old log-probs, the reference, every micro-batch and epoch of the update) reuse the
@@ -119,27 +124,45 @@ def _tower_uid(visual) -> int:
     return _TOWERS[visual]
 
 
-def image_outputs(model, images: list) -> dict:
-    """`mm_encoder_outputs` for transformers' Qwen2-VL forward: the features of `images` (the
-    PromptImages in token order) as one pooled output."""
-    from transformers.modeling_outputs import BaseModelOutputWithPooling
-
-    feats = encode_images(model, images)
-    return {"image": BaseModelOutputWithPooling(pooler_output=(torch.cat(feats),))}
-
-
 def vision_token(model) -> int:
     """The image placeholder id of a Qwen2-VL-style model."""
     return vision_spec(model)[0]
 
 
-def prompt_image_slots(model, input_ids: torch.Tensor, response_len: int) -> torch.Tensor:
-    """(B, L) bool: the image placeholders of the prompt part (all but the last `response_len`
-    columns). A response may sample the placeholder id (a random or weak policy does); the rollout
-    embeds it as the token it is, so it takes no image feature and no image positions."""
-    slots = input_ids == vision_token(model)
-    slots[:, input_ids.shape[1] - response_len:] = False
-    return slots
+def image_token_counts(model, vision: list) -> list[int]:
+    """(B,) the image tokens each row's PromptImages fill (sum over its images of t*h*w / m^2,
+    the merged grid), 0 for a row without images."""
+    merge = vision_spec(model)[1]
+    return [int(v.image_grid_thw.prod(-1).sum()) // merge ** 2 if v is not None else 0 for v in vision]
+
+
+def prompt_image_slots(model, input_ids: torch.Tensor, vision: list) -> torch.Tensor:
+    """(B, L) ids, the B rows' PromptImages (or None) -> (B, L) bool: the image placeholders of
+    the rows' prompts, i.e. the first n_b placeholders of row b (n_b = image_token_counts). In
+    every layout a prompt comes before its response (left-padded RL rows, right-padded SFT and
+    DPO rows), so a later placeholder belongs to a response: a random or weak policy samples the
+    id, a completion may spell it. The rollout embeds it as the token it is, so it takes no image
+    feature and no image positions, in the padded and the packed forward alike (the one mask
+    both use). ValueError when a row has fewer placeholders than its images fill."""
+    is_ph = input_ids == vision_token(model)
+    rank = is_ph.long().cumsum(-1)  # (B, L): placeholders up to and including each column
+    n = torch.tensor(image_token_counts(model, vision), device=input_ids.device)  # (B,)
+    short = (rank[:, -1] < n).nonzero()
+    if len(short):
+        b = int(short[0])
+        raise ValueError(f"row {b}: {int(rank[b, -1])} image placeholder tokens for its images' {int(n[b])} tokens")
+    return is_ph & (rank <= n[:, None])
+
+
+def image_inputs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                 vision: list) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """What a log-prob forward of a padded (B, L) VLM batch adds: M-RoPE positions (3, B, L)
+    with the prompts' placeholders (prompt_image_slots) as the only image tokens, those slots
+    (B, L) and the rows' PromptImages in token order (for image_embeds)."""
+    slots = prompt_image_slots(model, input_ids, vision)
+    images = ordered_images(vision)
+    pos, _ = mrope_position_ids(attention_mask, slots, grids_of(images), vision_spec(model)[1])
+    return pos, slots, images
 
 
 def image_embeds(model, fwd: dict, images: list) -> dict:

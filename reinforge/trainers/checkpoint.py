@@ -220,14 +220,19 @@ def write_export(out_dir: str | os.PathLike, write: Callable[[Path], None]) -> P
     return out
 
 
-def export_hf(model, tokenizer, out_dir: str | os.PathLike) -> Path:
+def export_hf(model, tokenizer, out_dir: str | os.PathLike, processor=None) -> Path:
     """A folder `from_pretrained` loads: `model`'s weights and config (LoRA merged) and the
-    tokenizer, written atomically (write_export). The RL trainer's roles export themselves
-    (TrainedRole.export: a Ray worker group streams the weights from its ranks' shards)."""
+    tokenizer (and a VLM's `processor`: its image processor), written atomically (write_export).
+    The RL trainer's roles export themselves (TrainedRole.export: a Ray worker group streams the
+    weights from its ranks' shards)."""
 
     def write(folder: Path) -> None:
         save_merged(model, folder)
         tokenizer.save_pretrained(folder)
+        if processor is not None:
+            from reinforge.models.vlm_processor import save_processor
+
+            save_processor(processor, folder)
 
     return write_export(out_dir, write)
 

@@ -20,6 +20,13 @@ is computed once per batch, before its micro-batches (`batch_state`), so accumul
 dpo.reduction (resolved per loss type by the plan) picks what the loss reads; the reference's
 log-probs are kept as sums and reduced with the batch's token counts, so the logged rewards/*
 and logps/* of the losses with a reference are TRL's: beta (sum pi - sum ref) and sums.
+
+A vision-language model.path reads the pairs with its processor: an image prompt's chosen and
+rejected rows share its PromptImages (one encoding), and the policy's and the reference's
+log-probs (live or precomputed) go through the same image forward (forward.response_logprobs
+with `vision`). The vision tower is frozen unless model.freeze_vision_tower=false;
+model.lora_rank > 0 puts LoRA adapters on the policy's language model (the reference is the
+model folder loaded on its own, or dpo.ref_model_path).
 """
 from __future__ import annotations
 
@@ -51,7 +58,8 @@ def response_token_logps(model, batch: dict, model_cfg) -> tuple[torch.Tensor, t
     """
     L = batch["input_ids"].shape[1]
     logp, _ = response_logprobs(model, batch["input_ids"], batch["attention_mask"], L - 1,
-                                fused=model_cfg.fused_logprobs, chunk_size=model_cfg.logprob_chunk_size)
+                                fused=model_cfg.fused_logprobs, chunk_size=model_cfg.logprob_chunk_size,
+                                vision=batch.get("vision"))
     return logp.float(), batch["loss_mask"][:, 1:]
 
 
@@ -110,11 +118,17 @@ class DPOTrainer(PairTrainer):
 
     def __init__(self, cfg: DPOConfig, train_dataset=None, eval_dataset=None):
         seed_everything(cfg.trainer.seed)
-        plan, tok, train, val, skipped = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
+        # datasets: trainers/inputs.py; a VLM's pairs read with its processor
+        plan, tok, train, val, skipped, self.processor = load_inputs(cfg, train_dataset, eval_dataset, images=True)
         cfg, m = plan.cfg, plan.cfg.model  # the resolved copy
         kw = dict(dtype=m.dtype, device=plan.device, trust_remote_code=m.trust_remote_code,
                   attn_implementation=m.attn_implementation)
-        self.model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, **kw)
+        self.model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing,
+                                    freeze_vision_tower=m.freeze_vision_tower, **kw)
+        if m.lora_rank > 0:
+            from reinforge.models.lora import apply_lora
+
+            self.model = apply_lora(self.model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
         self.setup(plan, tok, train, val, skipped)
         self.reference, self.ref_cache = None, None
         uses_ref = cfg.dpo.loss_type not in REFERENCE_FREE  # simpo/cpo/orpo read the policy alone
@@ -124,7 +138,7 @@ class DPOTrainer(PairTrainer):
         elif uses_ref:
             self.reference = load_causal_lm(cfg.dpo.ref_model_path or m.path, train=False, **kw)
         if cfg.eval.prompt_files:  # greedy / sampled accuracy of the policy on RL prompts
-            self.prompt_eval = PromptEvaluator(self.model, tok, cfg.eval, device=plan.device)
+            self.prompt_eval = PromptEvaluator(self.model, tok, cfg.eval, device=plan.device, processor=self.processor)
 
     def reference_sums(self, items: list[dict], batch: dict, split: str) -> torch.Tensor:
         """(2B,) reference summed log-probs of the chosen, then the rejected responses."""
@@ -141,8 +155,8 @@ class DPOTrainer(PairTrainer):
     def kl_reference_point(self, items: list[dict]) -> torch.Tensor:
         """KTO's z0 over a whole batch of labelled completions: () from N mismatched pairs."""
         m, red = self.cfg.model, self.cfg.dpo.reduction
-        mismatched = [{"prompt_ids": it["prompt_ids"], "completion_ids": items[j]["completion_ids"]}
-                      for it, j in zip(items, kto_mismatched_index(len(items)))]
+        mismatched = [{"prompt_ids": it["prompt_ids"], "completion_ids": items[j]["completion_ids"],
+                       "vision": it.get("vision")} for it, j in zip(items, kto_mismatched_index(len(items)))]
         pol, ref = [], []
         for part in chunks(mismatched, self.micro):
             batch = unpaired_tensors(part, self.pad_id, self.device)

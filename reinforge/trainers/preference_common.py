@@ -37,11 +37,15 @@ class PairSubset:
         return self.items[k]
 
     def fingerprint(self) -> str:
-        """Hash of every pair's token ids, in order: the cache key of per-pair values."""
+        """Hash of every pair's token ids (and an image prompt's pixels: its ids only count its
+        image tokens), in order: the cache key of per-pair values."""
         h = hashlib.sha256()
         for it in self.items:
             for key in ("prompt_ids", "chosen_ids", "rejected_ids"):
                 h.update(repr(it[key]).encode())
+            if it.get("vision") is not None:
+                h.update(it["vision"].pixel_values.float().numpy().tobytes())
+                h.update(repr(it["vision"].image_grid_thw.tolist()).encode())
         return h.hexdigest()[:16]
 
 
@@ -88,13 +92,15 @@ def load_pairs(plan: SupervisedPlan, tokenizer) -> tuple[PairSubset, PairSubset 
     return PairSubset(train, idx), val, skipped
 
 
-def load_inputs(cfg, train_dataset=None, eval_dataset=None):
+def load_inputs(cfg, train_dataset=None, eval_dataset=None, *, images: bool = False):
     """The plan, tokenizer, training and held-out pairs and the count of skipped training pairs:
     what DPO and RM both start from. The plan is resolved (and trainer.run_dir checked) before
     anything loads; the number of pairs then fixes its total_steps (when it derives from
     epochs). `cfg` is left as it is. train_dataset / eval_dataset, for Python users: a
     datasets.Dataset, a list of dicts or a path, in place of data.train_files / data.val_files
-    (trainers/inputs.py)."""
+    (trainers/inputs.py). images (DPO): a vision-language model.path reads the pairs with its
+    processor (trainers/rl_setup.load_processing), so image prompts keep their images. Returns
+    (plan, text tokenizer, train, val, skipped, the processor or None)."""
     from reinforge.models.loading import load_tokenizer
     from reinforge.trainers.inputs import python_inputs
 
@@ -102,23 +108,34 @@ def load_inputs(cfg, train_dataset=None, eval_dataset=None):
     plan = resolve_supervised(*python_inputs(cfg, None, train_dataset, eval_dataset))
     m = plan.cfg.model
     check_writable(plan.cfg.trainer.run_dir)  # before any model loads
-    tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-    train, val, skipped = load_pairs(plan, tok)
-    return plan.with_data(len(train)), tok, train, val, skipped
+    if images:
+        from reinforge.trainers.rl_setup import load_processing
+
+        tok, encoder = load_processing(m)
+    else:
+        tok = encoder = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    train, val, skipped = load_pairs(plan, encoder)
+    return plan.with_data(len(train)), tok, train, val, skipped, (encoder if encoder is not tok else None)
 
 
 def pair_tensors(items: list[dict], pad_id: int, device) -> dict[str, torch.Tensor]:
-    """Chosen rows then rejected rows, right-padded: input_ids, attention_mask, loss_mask (2B, L)."""
+    """Chosen rows then rejected rows, right-padded: input_ids, attention_mask, loss_mask (2B, L)
+    (and image prompts' "vision", 2B PromptImages: data.preference.collate_preference)."""
     from reinforge.data import collate_preference
 
-    return {k: v.to(device) for k, v in collate_preference(items, pad_id).items()}
+    return _on_device(collate_preference(items, pad_id), device)
+
+
+def _on_device(batch: dict, device) -> dict:
+    """The batch's tensors on `device`; "vision" (per-row PromptImages) as it is."""
+    return {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
 
 
 def unpaired_tensors(items: list[dict], pad_id: int, device) -> dict[str, torch.Tensor]:
     """One row per labelled completion, right-padded: input_ids, attention_mask, loss_mask (B, L)."""
     from reinforge.data.preference import collate_unpaired
 
-    return {k: v.to(device) for k, v in collate_unpaired(items, pad_id).items()}
+    return _on_device(collate_unpaired(items, pad_id), device)
 
 
 class PairTrainer(SingleModelCheckpoints, TrainingLoop):
@@ -127,6 +144,7 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
     `evaluate` and `export`."""
 
     name = "pref"
+    processor = None  # a vision-language model's processor (DPO sets it): the export saves its image processor
 
     def setup(self, plan: SupervisedPlan, tokenizer, train: PairSubset, val: PairSubset | None,
               skipped_rows: int = 0) -> None:
@@ -218,4 +236,4 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
         return 1.0 + self.cfg.eval.n if self.prompt_eval is not None else 1.0
 
     def export(self) -> Path:
-        return export_hf(self.model, self.tok, self.run_dir / "hf")
+        return export_hf(self.model, self.tok, self.run_dir / "hf", processor=self.processor)

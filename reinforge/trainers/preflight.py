@@ -268,9 +268,6 @@ def check_vlm_rl(plan: RunPlan) -> None:
         (plan.teacher_enabled, "teacher.coef != 0", "the teacher does not see the images"),
         (r.partial, "rollout.partial=true", "a resumed generation re-prefills without the images"),
         (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
-        (cfg.model.use_packing, "model.use_packing=true",
-         "packed rows would give an image placeholder sampled in a response an image slot (the padded "
-         "forward treats it as text: forward.response_logprobs); set model.use_packing=false"),
     ]
     for bad, key, fix in refused:
         if bad:
@@ -302,5 +299,6 @@ def check_rl_files(plan: RunPlan) -> None:
 def check_supervised_files(plan: SupervisedPlan) -> None:
     """Every file an SFT / DPO / RM plan names, without building a model."""
     check_models(plan.cfg, plan.model_folders)
+    check_lora_targets(plan.cfg)
     for key, spec, style in plan.reward_functions:
         check_reward_function(spec, key, style)

@@ -46,7 +46,7 @@ class RMTrainer(PairTrainer):
 
     def __init__(self, cfg: RMConfig, train_dataset=None, eval_dataset=None):
         seed_everything(cfg.trainer.seed)  # before the model: the new score head is drawn at random
-        plan, tok, train, val, skipped = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
+        plan, tok, train, val, skipped, _ = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
         m = plan.cfg.model  # the resolved copy
         self.model = load_rm_for_training(m.path, tok, m, plan.device)
         self.setup(plan, tok, train, val, skipped)

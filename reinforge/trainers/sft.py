@@ -10,6 +10,15 @@ Packing concatenates examples into rows of up to data.max_length tokens. Positio
 at 0 for each example (RoPE sees the same positions as unpacked), and a 4D block-diagonal causal
 mask keeps attention inside each example, so a packed row's loss equals the unpacked examples'.
 Checkpoints hold weights, optimizer, scheduler, RNG and loader position: resume is bit-exact.
+
+A vision-language model.path (a `vision_config` in its config.json) reads the data with its
+processor (trainers/rl_setup.load_processing), so image rows (veRL's and TRL's schemas,
+data/images.py) keep their images: each row carries its PromptImages, and the loss's forward
+(forward.target_logprobs) scatters the image features into the prompt's placeholders with
+M-RoPE positions (models/vlm_forward.image_inputs). The vision tower is frozen unless
+model.freeze_vision_tower=false; model.lora_rank > 0 puts LoRA adapters on the language model
+(models/lora.py, for a text model too). Image rows are not packed (data.packing=true is refused
+when the data loads, before the model does).
 """
 from __future__ import annotations
 
@@ -99,6 +108,11 @@ def load_sft_data(plan: SupervisedPlan, tok) -> tuple[list[dict], list[dict], in
         return [it for p in parts for it in p], skipped
 
     train, skipped = load(d.train_files, "training rows", "data.train_files")
+    if d.packing and any("vision" in it for it in train):
+        from reinforge.config.load import ConfigError
+
+        raise ConfigError("data.packing=true: the training rows have images, and packed SFT rows are text only "
+                          "(the image features and M-RoPE positions need one row per example); set data.packing=false")
     # Packing happens once, in file order; the loader then shuffles whole packed rows.
     train_rows = pack_examples(train, d.max_length) if d.packing else train
     val_rows, _ = load(d.val_files, "held-out rows", "data.val_files")
@@ -113,8 +127,9 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         """train_dataset / eval_dataset, for Python users: a datasets.Dataset, a list of dicts or
         a path, in place of data.train_files / data.val_files (trainers/inputs.py)."""
         from reinforge.data import PromptLoader  # a seeded, resumable order
-        from reinforge.models.loading import load_causal_lm, load_tokenizer
+        from reinforge.models.loading import load_causal_lm
         from reinforge.trainers.inputs import python_inputs
+        from reinforge.trainers.rl_setup import load_processing
 
         # validate_sft, the model folder's files, the eval reward functions; cfg is left as it is
         plan = resolve_supervised(*python_inputs(cfg, None, train_dataset, eval_dataset))
@@ -123,14 +138,21 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         check_writable(cfg.trainer.run_dir)  # before any model loads
         seed_everything(cfg.trainer.seed)
         self.device = plan.device
-        self.tok = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
-        self.train_rows, self.val_rows, self.skipped_rows = load_sft_data(plan, self.tok)
+        # a VLM's processor reads the rows (images -> pixels, image tokens); the rest takes its tokenizer
+        self.tok, encoder = load_processing(m)
+        self.processor = encoder if encoder is not self.tok else None
+        self.train_rows, self.val_rows, self.skipped_rows = load_sft_data(plan, encoder)
         self.plan = plan.with_data(len(self.train_rows))
         self.total_steps = self.plan.total_steps  # trainer.total_steps, or derived from trainer.epochs
         self.loader = PromptLoader(self.train_rows, min(d.batch_size, len(self.train_rows)), seed=d.seed)
         self.model = load_causal_lm(m.path, dtype=m.dtype, device=self.device, trust_remote_code=m.trust_remote_code,
                                     attn_implementation=m.attn_implementation,
-                                    gradient_checkpointing=m.gradient_checkpointing)
+                                    gradient_checkpointing=m.gradient_checkpointing,
+                                    freeze_vision_tower=m.freeze_vision_tower)
+        if m.lora_rank > 0:
+            from reinforge.models.lora import apply_lora
+
+            self.model = apply_lora(self.model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
         o = cfg.optim
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, o.lr, o.weight_decay, o.betas)
@@ -139,11 +161,16 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         self.optim = Optim(self.params, self.opt, o.grad_clip, self.guard)
         self.run_dir, self.step_idx, self.timer = Path(cfg.trainer.run_dir), 0, Timer()
         # Accuracy on eval.prompt_files: the prompts are read and the reward worker built once.
-        self.prompt_eval = PromptEvaluator(self.model, self.tok, cfg.eval, device=self.device,
-                                           pass_k=cfg.eval.pass_k) if cfg.eval.prompt_files else None
+        self.prompt_eval = PromptEvaluator(self.model, self.tok, cfg.eval, device=self.device, pass_k=cfg.eval.pass_k,
+                                           processor=self.processor) if cfg.eval.prompt_files else None
 
     def _to_device(self, b: dict) -> dict:
-        return {k: v.to(self.device) for k, v in b.items()}
+        """The batch's tensors on the device; `vision` (per-row PromptImages) as it is."""
+        return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
+
+    def _logprobs(self, batch: dict) -> torch.Tensor:
+        m = self.cfg.model
+        return target_logprobs(self.model, batch, m.logprob_chunk_size, m.fused_logprobs, vision=batch.get("vision"))
 
     def step(self) -> dict[str, float]:
         """One optimizer step over data.batch_size rows, accumulated over micro-batches (the one
@@ -164,8 +191,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
 
     def _nll(self, batch: dict, _micro, n_tokens: int) -> tuple[torch.Tensor, dict]:
         """The micro-batch's summed next-token NLL over the whole batch's target tokens."""
-        logp = target_logprobs(self.model, batch, self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
-        return -logp.sum() / n_tokens, {}
+        return -self._logprobs(batch).sum() / n_tokens, {}
 
     @torch.no_grad()
     def val_loss(self) -> dict[str, float]:
@@ -175,8 +201,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         self.model.eval()
         total, count = 0.0, 0
         for part in chunks(self.val_rows, self.plan.micro_batch_size):
-            logp = target_logprobs(self.model, self._to_device(collate_rows(part, self.tok.pad_token_id)),
-                                   self.cfg.model.logprob_chunk_size, self.cfg.model.fused_logprobs)
+            logp = self._logprobs(self._to_device(collate_rows(part, self.tok.pad_token_id)))
             total, count = total - float(logp.sum()), count + logp.numel()
         self.model.train(was)
         loss = total / max(count, 1)
@@ -199,7 +224,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         return 1.0 + self.cfg.eval.n if self.prompt_eval is not None else 1.0
 
     def export(self) -> Path:
-        return export_hf(self.model, self.tok, self.run_dir / "hf")
+        return export_hf(self.model, self.tok, self.run_dir / "hf", processor=self.processor)
 
     def close(self) -> None:
         if self.prompt_eval is not None:

@@ -155,9 +155,12 @@ class PromptEvaluator:
 
     `e` is an eval section (reinforge.config.common.GenEvalConfig or SFTEvalConfig); `backend`
     a rollout.backend name (workers/rollout/__init__.py), the lean loop unless given, and
-    `engine_kw` what an own_weights backend needs besides (build_rollout)."""
+    `engine_kw` what an own_weights backend needs besides (build_rollout). `processor`: a
+    vision-language model's, which reads the prompts (image prompts keep their images); the
+    rollout and the rewards take `tokenizer`, its text tokenizer."""
 
-    def __init__(self, model, tokenizer, e, *, device: str = "cpu", pass_k=(), backend: str = "lean", **engine_kw):
+    def __init__(self, model, tokenizer, e, *, device: str = "cpu", pass_k=(), backend: str = "lean", processor=None,
+                 **engine_kw):
         from reinforge.config.schema import RolloutConfig
         from reinforge.data import RLDataset
         from reinforge.workers.rollout import build_rollout
@@ -165,7 +168,7 @@ class PromptEvaluator:
         self.e, self.tok, self.device = e, tokenizer, device
         self.pass_k = [k for k in pass_k if k <= e.n]
         items = [it for f in e.prompt_files
-                 for it in RLDataset(f, tokenizer, max_prompt_length=e.max_prompt_length, length_key="eval.max_prompt_length")]
+                 for it in RLDataset(f, processor or tokenizer, max_prompt_length=e.max_prompt_length, length_key="eval.max_prompt_length")]
         self.items = items[:e.max_samples]
         r = RolloutConfig(backend=backend, max_response_length=e.max_response_length, micro_batch_size=e.batch_size)
         self.rollout = build_rollout(backend, model, tokenizer, r, max_prompt_length=e.max_prompt_length, **engine_kw)
