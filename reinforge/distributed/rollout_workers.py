@@ -206,9 +206,7 @@ class RayBehaviour:
             while pending:
                 ready = ray.wait([req, *pending], num_returns=1)[0][0]
                 if ready == req:
-                    key, t, worker_held = ray.get(req)
-                    refresh(t)  # the producer's decision; a switch lands in load() as self.latest
-                    self.board.reply.remote(key, None if self.version == worker_held else (self.version, self.latest))
+                    self._answer(ray.get(req), gen, refresh)
                     req = self.board.next_request.remote()
                     continue
                 s = pending.pop(ready)
@@ -224,10 +222,24 @@ class RayBehaviour:
             raise
         finally:
             self.generating = False
-        ray.get(self.board.wake.remote())
-        ray.get(req)  # None: every question was answered
+        self.board.wake.remote()
+        while (question := ray.get(req)) is not None:  # one a killed worker asked before dying
+            self._answer(question, gen, None)
+            req = self.board.next_request.remote()
         self.version = min(held.values())  # workers may differ (timing): the next load reaches all
         return [out[s] for s in shares]
+
+    def _answer(self, question, gen: int, refresh) -> None:
+        """Reply to a worker's question (key, t, version it holds): the producer's `refresh(t)`
+        decides, and a worker not holding self.version gets its handle. A question of another
+        generation (a worker killed while asking), or with no `refresh`, gets None."""
+        if question is None:
+            return
+        key, t, held = question
+        if key[0] == gen and refresh is not None:
+            refresh(t)  # the producer's decision; a switch lands in load() as self.version, self.latest
+        answer = None if key[0] != gen or refresh is None or self.version == held else (self.version, self.latest)
+        self.board.reply.remote(key, answer)
 
     def pids(self) -> list[int]:
         import ray
