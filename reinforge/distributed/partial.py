@@ -17,7 +17,9 @@ busy inside one generate() call, learns that newer weights exist and gets them.
 - When a worker asks: the closure's `at` (behaviour.Refresh) is the only position where it can
   answer a version (deterministic), or None: any position, once a version newer than the one the
   worker holds has been published. The worker checks that without a round trip: it keeps one
-  `newer(held)` call outstanding and polls it with ray.wait(timeout=0) before each token.
+  `newer(held)` call outstanding (across chunks, while it holds the same version) and polls it
+  with ray.wait(timeout=0) before each token; the driver likewise keeps its `next_request()`
+  call outstanding between chunks, so a chunk without a switch costs no round trip to the board.
 - The answer is a publication's handle (transport.py); the worker fetches and verifies it
   (publication.py) like any load. A transfer that times out WEIGHT_SYNC_TRIES times: under the
   timing schedule the worker goes on with the weights it holds (its tokens are stamped with
@@ -77,16 +79,12 @@ class PublicationBoard:
         return await fut
 
     async def next_request(self):
-        """The next question -> (key, t, held); None after wake()."""
+        """The next question -> (key, t, held)."""
         self._init()
         return await self.requests.get()
 
     async def reply(self, key: tuple, answer) -> None:
         self.replies.pop(key).set_result(answer)
-
-    async def wake(self) -> None:
-        self._init()
-        await self.requests.put(None)
 
     async def abort(self, gen: int) -> None:
         """Answer every question of generation `gen`, now and later, with ABORT."""
@@ -104,7 +102,7 @@ def worker_refresh(worker, board, key: tuple, at: int | None, tries: int, timeou
     from reinforge.distributed.transport import TransferTimeout
 
     policy = worker.policy
-    start, state = policy.version, {"newer": None, "gave_up": False}
+    start, state = policy.version, {"gave_up": False}
 
     def refresh(t: int) -> int | None:
         if at is not None:
@@ -113,11 +111,13 @@ def worker_refresh(worker, board, key: tuple, at: int | None, tries: int, timeou
         else:
             if state["gave_up"]:
                 return None
-            if state["newer"] is None:
-                state["newer"] = board.newer.remote(policy.version)
-            if not ray.wait([state["newer"]], timeout=0)[0]:
+            held, newer = worker.newer if worker.newer is not None else (None, None)
+            if held != policy.version:  # one newer() call outstanding per version held, across chunks
+                held, newer = policy.version, board.newer.remote(policy.version)
+                worker.newer = (held, newer)
+            if not ray.wait([newer], timeout=0)[0]:
                 return None
-            state["newer"] = None
+            worker.newer = None
         answer = ray.get(board.ask.remote(key, t, policy.version))
         if answer is None:
             return None

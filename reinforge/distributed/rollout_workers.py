@@ -52,6 +52,7 @@ class RolloutWorker:
         seed = plan.cfg.trainer.seed * 1_000_003 + 7919 * (index + 1)  # this worker's own stream (timing)
         self.policy = LocalBehaviour(rollout, seed=seed, copy_model=False)
         self.transport = ObjectStoreTransport()
+        self.newer = None  # partial rollouts, timing: (version held, the board's newer() call)
 
     def pid(self) -> int:
         return os.getpid()
@@ -117,6 +118,7 @@ class RayBehaviour:
         self.schedule = plan.cfg.rollout.schedule
         self.published = None  # (version, handle) of the newest publication
         self.board, self.generating, self.gen_id = None, False, 0
+        self.question = None  # the board's next_request() call, kept outstanding between chunks
         if plan.cfg.rollout.partial:
             from reinforge.distributed.partial import PublicationBoard
 
@@ -201,7 +203,8 @@ class RayBehaviour:
             pending[call(self.workers[s[0]], s, (self.board, (gen, s[0]), at, self.timeout_s))] = s
         for s in shares:
             launch(s)
-        req, self.generating = self.board.next_request.remote(), True
+        req = self.question if self.question is not None else self.board.next_request.remote()
+        self.generating = True
         try:
             while pending:
                 ready = ray.wait([req, *pending], num_returns=1)[0][0]
@@ -221,24 +224,20 @@ class RayBehaviour:
             self.board.abort.remote(gen)
             raise
         finally:
-            self.generating = False
-        self.board.wake.remote()
-        while (question := ray.get(req)) is not None:  # one a killed worker asked before dying
-            self._answer(question, gen, None)
-            req = self.board.next_request.remote()
+            # left outstanding for the next chunk (no round trip here); a question a killed
+            # worker asked before dying reaches it then and is answered None (_answer)
+            self.question, self.generating = req, False
         self.version = min(held.values())  # workers may differ (timing): the next load reaches all
         return [out[s] for s in shares]
 
     def _answer(self, question, gen: int, refresh) -> None:
         """Reply to a worker's question (key, t, version it holds): the producer's `refresh(t)`
         decides, and a worker not holding self.version gets its handle. A question of another
-        generation (a worker killed while asking), or with no `refresh`, gets None."""
-        if question is None:
-            return
+        generation (a worker killed while asking) gets None."""
         key, t, held = question
-        if key[0] == gen and refresh is not None:
+        if key[0] == gen:
             refresh(t)  # the producer's decision; a switch lands in load() as self.version, self.latest
-        answer = None if key[0] != gen or refresh is None or self.version == held else (self.version, self.latest)
+        answer = None if key[0] != gen or self.version == held else (self.version, self.latest)
         self.board.reply.remote(key, answer)
 
     def pids(self) -> list[int]:
