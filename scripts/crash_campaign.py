@@ -372,8 +372,9 @@ def trial(trainer: str, work: Path, ref: Reference, rng: random.Random, tally: T
         extra = ["--resume-from", str(run_dir / "checkpoints" / f"step_{earlier[0]}")] if earlier else []
     else:
         extra = ["--resume"] if scenario == "reexport" else []
-    kill = Kill(point=at) if at else first_kill(scenario, rng, ref, points, trainer.startswith(("grpo-async", "grpo-ray-async")),
-                                                RAY_ASYNC_POINTS if trainer.startswith("grpo-ray-async") else ())
+    asynchronous, ray = trainer.startswith(("grpo-async", "grpo-ray-async")), trainer.startswith("grpo-ray-async")
+    kill = Kill(point=at) if at else first_kill(scenario, rng, ref, points, asynchronous,
+                                                RAY_ASYNC_POINTS if ray else ())
     killed = attempt(extra, kill)
     kills = 1
     while killed or not (run_dir / "hf").exists():
