@@ -2,7 +2,7 @@
 
     python benchmarks/async_rollout.py                  # step-time table (a few minutes)
     python benchmarks/async_rollout.py --learn --seeds 0 1   # held-out greedy after the demo's RL
-    python benchmarks/async_rollout.py --ray            # the same table on trainer.backend=ray
+    python benchmarks/async_rollout.py --ray            # the Ray table: sync, staleness 1, + partial
     python benchmarks/async_rollout.py --learn --ray    # 1 trainer rank + 1 rollout worker vs Ray sync
 
 Timing: the demo's GRPO stage (presets/demo_grpo.yaml: 32 prompts x 8 samples, 5-token
@@ -33,12 +33,13 @@ SETTINGS = {  # name -> (torch intra-op threads, overrides); async: the producer
 # one they spin-wait on each other (37-56 s a step here where one thread took ~9 s), so opt-in.
 TWO_THREADS = {"sync, 2 threads": (2, ["rollout.staleness=0"])}
 # trainer.backend=ray on 2 CPU processes: the synchronous Ray run generates on its one rank; the
-# asynchronous one has 1 trainer rank + 1 rollout-worker actor (distributed/rollout_workers.py).
-# rollout.partial is refused with trainer.backend=ray (the workers cannot swap weights
-# mid-generation yet), so there is no partial-rollout row.
+# asynchronous ones have 1 trainer rank + 1 rollout-worker actor (distributed/rollout_workers.py);
+# with partial rollouts the worker also takes new weights mid-generation (distributed/partial.py).
 RAY_SETTINGS = {
     "ray sync, 1 rank": (1, ["trainer.backend=ray", "rollout.staleness=0"]),
     "ray staleness 1, 1 rank+1 wkr": (1, ["trainer.backend=ray", "rollout.staleness=1", "trainer.rollout_workers=1"]),
+    "ray staleness 1 + partial": (1, ["trainer.backend=ray", "rollout.staleness=1", "trainer.rollout_workers=1",
+                                      "rollout.partial=true"]),
 }
 QUIET = ["trainer.progress=false", "trainer.loggers=[jsonl]", "trainer.report=false"]
 

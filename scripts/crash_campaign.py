@@ -15,6 +15,7 @@ killed again) to the end, and check what a crash must never cost:
     python scripts/crash_campaign.py --kills timing   # no REINFORGE_CRASH_AT hook (any tree)
     python scripts/crash_campaign.py --n 5 --trainers grpo-async1,grpo-async2
     python scripts/crash_campaign.py --n 3 --trainers grpo-ray-async1
+    python scripts/crash_campaign.py --n 1 --trainers grpo-ray-async2 --at ray:publish   # targeted
 
 grpo-async1 / grpo-async2: GRPO with the asynchronous producer (rollout.staleness 1 / 2,
 rollout.schedule=deterministic, chunks of 3 prompts in rounds of 4), whose checkpoints hold the
@@ -24,7 +25,9 @@ point `async:state` kills a save right after it gathered them (nothing written y
 grpo-ray-async1 / 2: the same on trainer.backend=ray (1 trainer rank, 1 rollout-worker actor fed
 versioned weight publications, distributed/rollout_workers.py); each run starts its own local Ray
 cluster (~10 s). Its named point `ray:publish` kills the driver once the ranks built a step's
-publication and before the producer has it.
+publication and before the producer has it. grpo-ray-async1-partial: staleness 1 with partial
+rollouts (rollout.partial=true: the worker switches to v + 1 mid-generation, distributed/partial.py).
+`--at POINT` makes every trial's first kill land at that named point.
 
 Kills: a random delay within an uninterrupted run's duration; a random delay after a `.tmp_` or
 `.trash_` folder appears (the parent polls every millisecond); and the named points of
@@ -112,10 +115,12 @@ def trainer_argv(trainer: str, work: Path, run_dir: Path) -> list[str]:
 
 
 def ray_async_overrides(trainer: str) -> dict:
-    """grpo-ray-async<k>: the asynchronous GRPO run on Ray, 1 trainer rank + 1 rollout-worker
-    actor (weights as versioned publications), staleness k, deterministic schedule."""
-    return {"trainer.backend": "ray", "trainer.rollout_workers": 1, "rollout.staleness": int(trainer[len("grpo-ray-async"):]),
-            "rollout.schedule": "deterministic", "rollout.stream_prompts": 3}
+    """grpo-ray-async<k>[-partial]: the asynchronous GRPO run on Ray, 1 trainer rank + 1
+    rollout-worker actor (weights as versioned publications), staleness k, deterministic
+    schedule; -partial: with partial rollouts."""
+    k, _, partial = trainer[len("grpo-ray-async"):].partition("-")
+    return {"trainer.backend": "ray", "trainer.rollout_workers": 1, "rollout.staleness": int(k),
+            "rollout.schedule": "deterministic", "rollout.stream_prompts": 3, "rollout.partial": partial == "partial"}
 
 
 def model_files(trainer: str) -> list[str]:
@@ -156,7 +161,7 @@ def _leftover_names(run_dir: Path) -> list[str]:
 def _phase(names: list[str], point: str | None) -> str:
     """Classify a kill by the crash point, or else by the hidden folders present when it landed."""
     if point:
-        return {"rewind": "prune", "async": "save"}.get(point.split(":")[0], point.split(":")[0])
+        return {"rewind": "prune", "async": "save", "ray": "other"}.get(point.split(":")[0], point.split(":")[0])
     if any(n.startswith((".tmp_hf", ".trash_hf")) or n == "hf.tmp" for n in names):
         return "export"
     if any(n.startswith(".tmp_step") for n in names):
@@ -335,11 +340,12 @@ def first_kill(scenario: str, rng: random.Random, ref: Reference, points: bool, 
 
 
 def trial(trainer: str, work: Path, ref: Reference, rng: random.Random, tally: Tally, points: bool,
-          max_kills: int = 4) -> None:
+          max_kills: int = 4, at: str | None = None) -> None:
+    """One trial; `at`: its first kill at that named crash point (else a scenario's)."""
     run_dir = work / f"trial_{trainer}"
     shutil.rmtree(run_dir, ignore_errors=True)
     argv, models, log = trainer_argv(trainer, work, run_dir), model_files(trainer), work / f"trial_{trainer}.log"
-    scenario = rng.choice(SCENARIOS)
+    scenario = rng.choice(SCENARIOS) if at is None else f"at {at}"
     tally.trials += 1
 
     def attempt(extra: list[str], kill: Kill | None) -> bool:
@@ -366,8 +372,10 @@ def trial(trainer: str, work: Path, ref: Reference, rng: random.Random, tally: T
         extra = ["--resume-from", str(run_dir / "checkpoints" / f"step_{earlier[0]}")] if earlier else []
     else:
         extra = ["--resume"] if scenario == "reexport" else []
-    killed = attempt(extra, first_kill(scenario, rng, ref, points, trainer.startswith(("grpo-async", "grpo-ray-async")),
-                                      RAY_ASYNC_POINTS if trainer.startswith("grpo-ray-async") else ()))
+    asynchronous, ray = trainer.startswith(("grpo-async", "grpo-ray-async")), trainer.startswith("grpo-ray-async")
+    kill = Kill(point=at) if at else first_kill(scenario, rng, ref, points, asynchronous,
+                                                RAY_ASYNC_POINTS if ray else ())
+    killed = attempt(extra, kill)
     kills = 1
     while killed or not (run_dir / "hf").exists():
         tally.resumes += 1
@@ -434,6 +442,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--work", default="/tmp/reinforge_crash_campaign", help="scratch folder (data, model, runs)")
     ap.add_argument("--kills", choices=("all", "timing"), default="all",
                     help="timing: random delays and folder watching only, no REINFORGE_CRASH_AT points")
+    ap.add_argument("--at", default=None, help="every trial's first kill at this REINFORGE_CRASH_AT point "
+                                              "(e.g. ray:publish, async:state, save:sealed)")
     args = ap.parse_args(argv)
     work = Path(args.work)
     work.mkdir(parents=True, exist_ok=True)
@@ -445,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
         ref = reference_run(trainer, work)
         tally = tallies[trainer] = Tally()
         for i in range(args.n):
-            trial(trainer, work, ref, rng, tally, points=args.kills == "all")
+            trial(trainer, work, ref, rng, tally, points=args.kills == "all", at=args.at)
         seconds[trainer] = time.monotonic() - t0
         print(f"{trainer}: {tally.trials} trials in {seconds[trainer]:.0f} s (reference run {ref.seconds:.1f} s)",
               file=sys.stderr)

@@ -275,7 +275,6 @@ def test_an_exception_in_the_trainer_stops_the_producer(tiny_model_dir, arith_da
 
 
 @pytest.mark.parametrize("override, match", [("rollout.backend=hf", "needs rollout.backend=lean"),
-                                             ("trainer.backend=ray", "rollout.partial=true runs with trainer.backend=local only"),
                                              ("rollout.schedule=sometimes", "rollout.schedule"),
                                              ("rollout.max_turns=2", "rollout.partial=true runs single-turn"),
                                              ("rollout.dtype=bfloat16", "rollout.partial=true swaps")])

@@ -203,9 +203,6 @@ def validate(cfg: RLConfig) -> RLConfig:
     check_choice(r.dtype, ("auto", "model", "bfloat16", "float16"), "rollout.dtype")
     need(r.dtype in ("auto", "model") or r.backend == "lean",
          f"rollout.dtype={r.dtype} is the lean backend's (got rollout.backend={r.backend}); set rollout.dtype=model")
-    if r.staleness > 0 and cfg.trainer.backend == "ray":  # Ray rollout workers: no mid-generation weight swap
-        need(not r.partial, "rollout.partial=true runs with trainer.backend=local only; with trainer.backend=ray "
-                            "set rollout.partial=false")
     check_choice(r.schedule, ("timing", "deterministic"), "rollout.schedule")
     need(not r.partial or r.staleness > 0, "rollout.partial=true interrupts the asynchronous producer's "
                                            "generations: set rollout.staleness >= 1 (or rollout.partial=false)")

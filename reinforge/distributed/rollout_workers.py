@@ -22,6 +22,9 @@ of the asynchronous producer (workers/rollout/behaviour.py) when it runs disaggr
 - A chunk of c prompts is split into M contiguous shares generated in parallel; with a chunk
   seed s, share i samples from prompt_seed(s, i) (engine.py), so a run with the same M and seed
   samples the same rows.
+- Partial rollouts (rollout.partial): a worker inside a generation asks the driver for newer
+  weights through a PublicationBoard actor (partial.py); the producer's own refresh closure
+  answers, on the driver, with a publication's handle, so the schedule is decided as locally.
 """
 from __future__ import annotations
 
@@ -49,6 +52,7 @@ class RolloutWorker:
         seed = plan.cfg.trainer.seed * 1_000_003 + 7919 * (index + 1)  # this worker's own stream (timing)
         self.policy = LocalBehaviour(rollout, seed=seed, copy_model=False)
         self.transport = ObjectStoreTransport()
+        self.newer = None  # partial rollouts, timing: (version held, the board's newer() call)
 
     def pid(self) -> int:
         return os.getpid()
@@ -63,8 +67,20 @@ class RolloutWorker:
         self.policy.load(pub.version, pub.tensors)
         return pub.version
 
-    def generate(self, prompts: Batch, n: int, temperature: float, seed: int | None) -> Batch:
-        return self.policy.generate(prompts, n=n, temperature=temperature, seed=seed)
+    def partial_ok(self) -> bool:
+        return self.policy.partial_ok
+
+    def generate(self, prompts: Batch, n: int, temperature: float, seed: int | None, partial=None):
+        """-> the rows; with `partial` = (board, key, at, timeout_s), a partial generation
+        (partial.worker_refresh) -> (the rows, the version held at its end)."""
+        if partial is None:
+            return self.policy.generate(prompts, n=n, temperature=temperature, seed=seed)
+        from reinforge.distributed.partial import worker_refresh
+
+        board, key, at, timeout_s = partial
+        refresh = worker_refresh(self, board, key, at, WEIGHT_SYNC_TRIES, timeout_s)
+        batch = self.policy.generate(prompts, n=n, temperature=temperature, seed=seed, refresh=refresh)
+        return batch, self.policy.version
 
 
 def publish_on_rank(model, version: int, rank: int):
@@ -87,8 +103,6 @@ class RayBehaviour:
     """The BehaviourPolicy (workers/rollout/behaviour.py) of a disaggregated Ray run: M rollout
     worker actors fed with publications from the trainer ranks (`group`, a RayWorkerGroup)."""
 
-    partial_ok = False  # a worker cannot take new weights mid-generation here (rollout.partial)
-
     def __init__(self, group, plan, make_rollout, *, workers: int, timeout_s: float, staleness: int,
                  threads: int = 1, on_published=None):
         """`on_published()`: called on the trainer thread once a step's publication is built and
@@ -102,6 +116,23 @@ class RayBehaviour:
         self.workers = [self._start(i) for i in range(workers)]
         self.version, self.latest, self.restarts, self.timeouts = -1, None, 0, 0
         self.schedule = plan.cfg.rollout.schedule
+        self.published = None  # (version, handle) of the newest publication
+        self.board, self.generating, self.gen_id = None, False, 0
+        self.question = None  # the board's next_request() call, kept outstanding between chunks
+        if plan.cfg.rollout.partial:
+            from reinforge.distributed.partial import PublicationBoard
+
+            self.board = ray.remote(PublicationBoard).options(num_cpus=0).remote()
+        self._partial_ok = None
+
+    @property
+    def partial_ok(self) -> bool:
+        """The workers' engine swaps weights mid-generation (rollout.partial): asked of worker 0."""
+        import ray
+
+        if self._partial_ok is None:
+            self._partial_ok = bool(ray.get(self.workers[0].partial_ok.remote()))
+        return self._partial_ok
 
     def _start(self, i: int):
         return self.remote.remote(self.plan, self.make_rollout, i, self.threads)
@@ -109,10 +140,16 @@ class RayBehaviour:
     # ---- trainer side (the trainer thread: calls the ranks) ----------------------------------
     def snapshot(self, model, version: int):
         """What AsyncProducer.publish stores for `version`: the handle of a publication built
-        on the ranks from their shards (`model` is the driver's weightless skeleton, unused)."""
+        on the ranks from their shards (`model` is the driver's weightless skeleton, unused).
+        A version already published (the producer's start, with partial rollouts) is reused."""
+        if self.published is not None and self.published[0] == version:
+            return {"__handle__": self.published[1]}
         handle = self.group.run_all("actor", "publish", version)[0]
+        self.published = (version, handle)
         if self.on_published is not None and model is not None:  # a step's publication, not the start's
             self.on_published()
+        if self.board is not None:
+            self.board.published.remote(version)
         return {"__handle__": handle}
 
     # ---- producer side ----------------------------------------------------------------------
@@ -122,6 +159,9 @@ class RayBehaviour:
         if weights is None:
             weights = self.snapshot(None, version)
         self.latest = weights["__handle__"]
+        if self.generating:  # a partial generation's switch: the relay hands the handle to the asking worker
+            self.version = version
+            return
         for attempt in range(WEIGHT_SYNC_TRIES):
             try:
                 self._call_all(lambda w: w.load.remote(self.latest, self.timeout_s), timeout=2 * self.timeout_s + 30)
@@ -136,15 +176,69 @@ class RayBehaviour:
         raise err
 
     def generate(self, prompts: Batch, *, n: int, temperature: float, seed: int | None = None, refresh=None) -> Batch:
-        if refresh is not None:
-            raise NotImplementedError("rollout.partial with Ray rollout workers")
         B0, M = len(prompts), len(self.workers)
         bounds = [(B0 * i // M, B0 * (i + 1) // M) for i in range(M)]
         shares = [(i, lo, hi) for i, (lo, hi) in enumerate(bounds) if hi > lo]
-        outs = self._call(shares, lambda w, s: w.generate.remote(
-            prompts.index(list(range(s[1], s[2]))), n, temperature,
-            None if seed is None else (seed if len(shares) == 1 else prompt_seed(seed, s[0]))))
+
+        def call(w, s, partial=None):
+            return w.generate.remote(prompts.index(list(range(s[1], s[2]))), n, temperature,
+                                     None if seed is None else (seed if len(shares) == 1 else prompt_seed(seed, s[0])),
+                                     partial)
+        outs = self._call(shares, call) if refresh is None else self._generate_partial(shares, call, refresh)
         return Batch.concat(outs) if len(outs) > 1 else outs[0]
+
+    def _generate_partial(self, shares: list, call, refresh) -> list:
+        """The shares of one partial generation, relaying the workers' questions (partial.py) to
+        the producer's `refresh` on this (the producer's) thread -> the shares' rows. A worker
+        that dies is restarted at the chunk's starting weights and its share generated again."""
+        import ray
+
+        if self.board is None:
+            raise RuntimeError("rollout.partial needs the publication board (RayBehaviour built with rollout.partial)")
+        self.gen_id += 1
+        gen, start, at = self.gen_id, self.latest, getattr(refresh, "at", None)
+        pending, out, held = {}, {}, {}
+
+        def launch(s):
+            pending[call(self.workers[s[0]], s, (self.board, (gen, s[0]), at, self.timeout_s))] = s
+        for s in shares:
+            launch(s)
+        req = self.question if self.question is not None else self.board.next_request.remote()
+        self.generating = True
+        try:
+            while pending:
+                ready = ray.wait([req, *pending], num_returns=1)[0][0]
+                if ready == req:
+                    self._answer(ray.get(req), gen, refresh)
+                    req = self.board.next_request.remote()
+                    continue
+                s = pending.pop(ready)
+                try:
+                    out[s], held[s] = ray.get(ready)
+                except ray.exceptions.RayActorError:
+                    self._restart(s[0], start)
+                    launch(s)
+                except ray.exceptions.RayTaskError as e:
+                    raise e.as_instanceof_cause() from None
+        except BaseException:
+            self.board.abort.remote(gen)
+            raise
+        finally:
+            # left outstanding for the next chunk (no round trip here); a question a killed
+            # worker asked before dying reaches it then and is answered None (_answer)
+            self.question, self.generating = req, False
+        self.version = min(held.values())  # workers may differ (timing): the next load reaches all
+        return [out[s] for s in shares]
+
+    def _answer(self, question, gen: int, refresh) -> None:
+        """Reply to a worker's question (key, t, version it holds): the producer's `refresh(t)`
+        decides, and a worker not holding self.version gets its handle. A question of another
+        generation (a worker killed while asking) gets None."""
+        key, t, held = question
+        if key[0] == gen:
+            refresh(t)  # the producer's decision; a switch lands in load() as self.version, self.latest
+        answer = None if key[0] != gen or self.version == held else (self.version, self.latest)
+        self.board.reply.remote(key, answer)
 
     def pids(self) -> list[int]:
         import ray
@@ -157,6 +251,9 @@ class RayBehaviour:
         for w in self.workers:
             ray.kill(w, no_restart=True)
         self.workers = []
+        if self.board is not None:
+            ray.kill(self.board, no_restart=True)
+            self.board = None
 
     # ---- calls that survive a worker's death -------------------------------------------------
     def _call_all(self, fn, timeout: float | None = None) -> list:
@@ -184,12 +281,14 @@ class RayBehaviour:
                     raise e.as_instanceof_cause() from None
         return [out[s] for s in items]
 
-    def _restart(self, i: int) -> None:
+    def _restart(self, i: int, handle=None) -> None:
+        """Start worker i again and load `handle` (default: the latest publication)."""
         import ray
 
         self.restarts += 1
         print(f"[reinforge] rollout worker {i} died: restarting it (restart {self.restarts})", file=sys.stderr)
         ray.kill(self.workers[i], no_restart=True)
         self.workers[i] = self._start(i)
-        if self.latest is not None:
-            ray.get(self.workers[i].load.remote(self.latest, self.timeout_s))
+        handle = self.latest if handle is None else handle
+        if handle is not None:
+            ray.get(self.workers[i].load.remote(handle, self.timeout_s))

@@ -292,6 +292,7 @@ class AsyncProducer:
                 snap = self._take_snapshot(v, prune=False)
             self._use(v, snap)
             return v
+        refresh.at = switch_at if self.deterministic else None  # behaviour.Refresh: where it can switch
         return refresh
 
     def _run(self) -> None:

@@ -3,7 +3,9 @@ weight publications (checksum refused when corrupted, transfer timeout), and a r
 trainer rank + 1 rollout-worker actor whose rows carry their policy versions within the bound,
 whose worker killed mid-run is restarted without changing a bit of the run (deterministic
 schedule: the restarted worker regenerates the failed chunk from the same seed and weights);
-a worker refuses a corrupted publication, and a late one is abandoned after its timeout."""
+a worker refuses a corrupted publication, and a late one is abandoned after its timeout; and
+partial rollouts on Ray (distributed/partial.py) stamp each token with the weights that sampled
+it and repeat bit for bit."""
 from __future__ import annotations
 
 import json
@@ -119,3 +121,69 @@ def test_ray_async_versions_and_a_killed_worker(ray_cluster, tiny_model_dir, ari
         return {k: v for k, v in r.items() if not k.startswith(("timing", "perf", "time"))}
 
     assert [det(r) for r in b] == [det(r) for r in a]
+
+
+def test_ray_partial_rollouts_stamp_their_versions_and_repeat_exactly(ray_cluster, tiny_model_dir, arith_data,
+                                                                      tmp_path):
+    """rollout.partial on Ray (1 rank + 1 worker, deterministic, staleness 1): the worker switches
+    to v + 1 mid-generation through the publication board; every token's recorded log-prob
+    equals a full forward of the published weights it is stamped with (1e-5, fp32), some rows mix
+    two versions, and a second run whose worker is SIGKILLed mid-chunk is bit-identical."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforge.distributed.rollout_workers import RayBehaviour
+    from reinforge.models.forward import response_logprobs
+    from reinforge.trainers.rl import RLTrainer
+
+    batches, published, calls = [], {}, {"n": 0, "kill": False}
+    generate, snapshot = RayBehaviour.generate, RayBehaviour.snapshot
+
+    def recording(self, prompts, **kw):
+        calls["n"] += 1
+        if calls["kill"] and calls["n"] == 3:
+            os.kill(self.pids()[0], signal.SIGKILL)
+        out = generate(self, prompts, **kw)
+        batches.append(out)
+        return out
+
+    def publishing(self, model, version):
+        snap = snapshot(self, model, version)
+        published[version] = ray.get(snap["__handle__"][0]).verify().tensors
+        return snap
+
+    RayBehaviour.generate, RayBehaviour.snapshot = recording, publishing
+    # 2 steps: round 0 finishes with v0 (step 1 waits for it), round 1 switches to v1 mid-chunk
+    extra = {"rollout.partial": True, "rollout.temperature": 1.0, "trainer.total_steps": 2}
+    try:
+        RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / "a", **extra)).fit()
+        a_batches, a_pub = list(batches), dict(published)
+        batches.clear()
+        calls.update(n=0, kill=True)
+        trainer = RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / "b", **extra))
+        trainer.fit()
+    finally:
+        RayBehaviour.generate, RayBehaviour.snapshot = generate, snapshot
+    assert trainer.behaviour_policy.restarts == 1
+    a, b = _rows(tmp_path / "a"), _rows(tmp_path / "b")
+    assert all(r["rollout/staleness_token_mean"] <= r["rollout/staleness_mean"] <= 1 for r in a)
+    det = lambda r: {k: v for k, v in r.items() if not k.startswith(("timing", "perf", "time"))}  # noqa: E731
+    assert [det(r) for r in b] == [det(r) for r in a]
+    assert len(batches) == len(a_batches) and all(
+        torch.equal(x[k], y[k]) for x, y in zip(batches, a_batches) for k in ("responses", "token_versions",
+                                                                               "rollout_log_probs"))
+
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).float()
+    mixed = 0
+    for batch in a_batches:
+        tv, mask = batch["token_versions"], batch["response_mask"].bool()
+        mixed += int((tv.max(1).values > tv[:, 0]).sum())
+        expected = torch.zeros_like(batch["rollout_log_probs"])
+        with torch.no_grad():
+            for v in tv.unique().tolist():
+                params = dict(model.named_parameters())
+                for k, w in a_pub[v].items():
+                    params[k].copy_(w)
+                lp, _ = response_logprobs(model, batch["input_ids"], batch["attention_mask"], tv.shape[1])
+                expected = torch.where(tv == v, lp, expected)
+        assert torch.allclose(batch["rollout_log_probs"][mask], expected[mask], atol=1e-5, rtol=0)
+    assert mixed > 0  # the switch really happened mid-row

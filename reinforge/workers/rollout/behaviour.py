@@ -42,7 +42,10 @@ if TYPE_CHECKING:
 
 Refresh = Callable[[int], "int | None"]
 """refresh(t): called before sampling response position t (>= 1) -> the version now loaded, or
-None when the weights did not change."""
+None when the weights did not change. The producer's also carries `refresh.at`: the only
+position where it can return a version (the deterministic schedule's switch), or None (any
+position, once a newer version has been published), so that a remote engine, which cannot call
+it at every token, knows when asking is worth a round trip (distributed/partial.py)."""
 
 
 class BehaviourPolicy(Protocol):
