@@ -1,6 +1,6 @@
 """reinforge vs TRL's GRPOTrainer, side by side on one CPU: tokens/s, seconds per stage, ratio.
 
-    make trl-venv                       # TRL 1.16 in .venv-trl (once)
+    make trl-venv                       # TRL 1.16 in .venv-trl (once; or REINFORGE_TRL_PYTHON=.../bin/python)
     python benchmarks/vs_trl.py [--sizes tiny small] [--kl 0 1] [--precision fp32 bf16] [--rounds 3]
                                 [--steps 6] [--threads 1] [--attn sdpa]
 
@@ -47,7 +47,8 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-TRL_PY = ROOT / ".venv-trl" / "bin" / "python"
+TRL_PY = Path(os.environ.get("REINFORGE_TRL_PYTHON", ROOT / ".venv-trl" / "bin" / "python"))
+"""TRL's venv Python: `make trl-venv`'s, or $REINFORGE_TRL_PYTHON (a venv built elsewhere)."""
 SIZES = {"tiny": dict(hidden=None, layers=None, tokens=32, prompts=4, n=8),
          "small": dict(hidden=512, layers=8, tokens=128, prompts=4, n=8),
          "qwen0.5b": dict(hidden=896, layers=24, heads=14, kv_heads=2, inter=4864, vocab="qwen2", tokens=32,

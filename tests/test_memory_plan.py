@@ -4,6 +4,7 @@ ones through the fused log-prob head, the plan's choices by model size and budge
 batch chosen by the budget leaves the accumulated gradient unchanged (tests/grad_check.py)."""
 from __future__ import annotations
 
+import functools
 import json
 
 import pytest
@@ -165,3 +166,52 @@ def test_lora_trains_under_checkpointing(tiny_model_dir, arith_data, tmp_path):
     t.fit()
     after = dict(t.actor_model.named_parameters())
     assert any(not torch.equal(before[n], after[n]) for n in before)
+
+
+def test_critic_micro_batch_from_the_budget(tiny_model_dir, arith_data, tmp_path, monkeypatch):
+    """critic.micro_batch_size=0 (auto): below LARGE_PARAMS the former 16 (capped, a divisor);
+    counted as large, the largest divisor of the critic's mini-batch that fits the budget left
+    by the actor's state and the critic's own; an explicit size is kept."""
+    def plan(**extra):
+        over = rl_overrides(tiny_model_dir, arith_data, str(tmp_path), **{"rollout.n": 8, **extra})
+        return plan_rl(load_config(RLConfig, "ppo", over))  # a batch of 4 x 8 = 32 rows
+
+    assert plan().critic_micro_batch_size == 16 == plan().cfg.critic.micro_batch_size
+    assert plan(**{"critic.mini_batch_size": 8}).critic_micro_batch_size == 8
+    assert plan(**{"critic.micro_batch_size": 4}).critic_micro_batch_size == 4
+    monkeypatch.setattr(sd, "LARGE_PARAMS", 1000)
+    assert plan(**{"model.memory_budget_gb": 1000}).critic_micro_batch_size == 32  # the whole mini-batch
+    # a budget that holds the actor's state (with PPO's reference copy: 16 + 4 bytes per parameter),
+    # the critic's and 2 rows' activations (no LM head), not 4
+    n, shape = sd.config_params(tiny_model_dir), sd.model_shape(tiny_model_dir)
+    act = functools.partial(sd.activation_bytes, shape, seq=14, checkpointing=False, matmul_bytes=4, resid_bytes=4)
+    budget = 20 * n + 16 * n + act(2) + 1
+    actor = sd.resolve_memory(ckpt="false", micro=1, mini=32, seq=14, model_path=tiny_model_dir, device="cpu",
+                              budget_gb=budget / 1e9, weights_bytes=4, bf16_autocast=False, reference=True)
+    assert actor.state_bytes == 20 * n and actor.state_bytes + actor.activation_bytes <= budget
+    assert 20 * n + 16 * n + act(4) > budget
+    p = plan(**{"model.memory_budget_gb": budget / 1e9, "actor.micro_batch_size": 1,
+                "model.gradient_checkpointing": "false", "model.autocast": "none"})
+    assert p.critic_micro_batch_size == 2
+
+
+def test_critic_gradient_does_not_depend_on_its_micro_batch(tiny_model_dir):
+    """A budget-forced critic micro-batch of 2 accumulates the gradient of the whole mini-batch of 8."""
+    from reinforge.config.schema import CriticConfig
+    from reinforge.models.loading import load_critic
+    from reinforge.workers.critic import CriticWorker
+    from tests.grad_check import assert_same_steps, record_steps
+
+    def critic(micro: int) -> CriticWorker:
+        torch.manual_seed(0)
+        model = load_critic(tiny_model_dir, dtype="float32")
+        cfg = CriticConfig(lr=1e-4, micro_batch_size=micro, grad_clip=0)
+        return CriticWorker(model, cfg, total_steps=1, mini_batch_size=8, micro_batch_size=micro, seed=0)
+
+    whole, split = critic(8), critic(2)
+    batch = ragged_batch(whole.model.config.vocab_size, B=8, P=4, T=5)
+    batch = batch | whole.values(batch)
+    batch = batch | type(batch)({"returns": batch["values"] + torch.linspace(-1, 1, 40).view(8, 5)})
+    ga, gb = record_steps(whole.opt, whole.params), record_steps(split.opt, split.params)
+    whole.update(batch), split.update(batch)
+    assert_same_steps(ga, gb)

@@ -18,7 +18,7 @@ from reinforge.trainers.plan import plan_rl
 from reinforge.workers.actor import batch_log_probs
 from reinforge.workers.optim import make_optimizer
 from reinforge.workers.rollout.decode_weights import cast_weights
-from reinforge.workers.rollout.lean import LeanRollout, sample_inverse_cdf
+from reinforge.workers.rollout.lean import LeanRollout, sample_inverse_cdf, sample_large_vocab
 from tests.conftest import rl_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
@@ -73,6 +73,21 @@ def test_inverse_cdf_sampler_draws_the_distribution():
     assert freq[0] == 0 and freq[2] == 0  # zero-probability tokens never drawn
     assert (freq - probs[0]).abs().max() < 0.015  # 3.5 standard errors of a 0.5 frequency at n = 20000
     assert sample_inverse_cdf(torch.tensor([[2.0, 0.0]])).item() == 0  # unnormalised rows are fine
+
+
+@pytest.mark.parametrize("temperature,top_k,top_p", [(1.0, 0, 1.0), (0.7, 50, 0.9)])
+def test_large_vocab_sampler_matches_the_log_softmax_path(temperature, top_k, top_p):
+    """sample_large_vocab: the tokens sample_inverse_cdf draws from the log-softmax's probabilities
+    (same uniforms) and their log-probs within 1e-5; the caller's logits are left unchanged."""
+    from reinforge.algos.logprobs import sampling_log_probs
+
+    logits = torch.randn(6, 1 << 16, generator=torch.Generator().manual_seed(1)) * 3
+    before = logits.clone()
+    tok, lp = sample_large_vocab(logits, temperature, top_k, top_p, torch.Generator().manual_seed(0))
+    assert torch.equal(logits, before)
+    ref = sampling_log_probs(logits, temperature, top_k, top_p)
+    assert torch.equal(tok, sample_inverse_cdf(ref.exp(), torch.Generator().manual_seed(0)))
+    assert (lp - ref.gather(-1, tok[:, None])[:, 0]).abs().max() < 1e-5
 
 
 def test_cast_weights_restores_fp32_storage_and_ties(tiny_model_dir):

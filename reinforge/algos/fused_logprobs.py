@@ -23,11 +23,51 @@ from .logprobs import _acc_dtype, _chunk_forward, _chunk_grad_, sampling_filter_
 
 
 def _chunk_logits(h: torch.Tensor, weight: torch.Tensor, temperature: float, acc, scale: float = 1.0,
-                  softcap: float = 0.0) -> torch.Tensor:
+                  softcap: float = 0.0, out: torch.Tensor | None = None) -> torch.Tensor:
     """cap(scale, softcap)((n, H) @ (V, H).T) / T -> (n, V) in the compute dtype (a fresh, writable
-    buffer); the model's own logit transform (algos/logit_cap.py) comes before the temperature."""
-    z = cap_logits_((h @ weight.T).to(acc), scale, softcap)
+    buffer, or the first n rows of `out` (>= n, V) when given); the model's own logit transform
+    (algos/logit_cap.py) comes before the temperature."""
+    if out is None:
+        z = (h @ weight.T).to(acc)
+    elif h.dtype == acc:
+        z = torch.mm(h, weight.T, out=out[:h.shape[0]])
+    else:
+        z = out[:h.shape[0]].copy_(h @ weight.T)
+    z = cap_logits_(z, scale, softcap)
     return z.div_(temperature) if temperature != 1.0 else z
+
+
+LARGE_VOCAB = 1 << 16
+"""Vocabularies from which the chunks reuse two preallocated (chunk, V) buffers (`_ChunkBuffers`)
+and the forward's statistics come from `_chunk_forward_reusing`. A (147, 151,936) fp32 chunk is
+89 MB, above glibc's mmap threshold (32 MB at most): each fresh one was mapped and page-faulted
+anew, which in a 6-layer Qwen2.5-0.5B-shaped profile made an elementwise pass over it cost ~1/4 of
+the chunk's matmul. Smaller vocabularies keep the former code path bit for bit."""
+
+
+class _ChunkBuffers:
+    """Two (chunk, V) buffers in the compute dtype, reused by every chunk of one pass (None below
+    LARGE_VOCAB: fresh tensors per chunk, as before)."""
+
+    def __init__(self, rows: int, vocab: int, dtype, device):
+        big = vocab >= LARGE_VOCAB
+        self.z = torch.empty(rows, vocab, dtype=dtype, device=device) if big else None
+        self.scratch = torch.empty_like(self.z) if big else None
+
+
+def _chunk_forward_reusing(z: torch.Tensor, scratch: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
+    """_chunk_forward without (n, V) temporaries: scratch (>= n, V) is overwritten. lse as
+    torch.logsumexp computes it (max, exp of the difference, sum, log); the entropy from the same
+    unnormalised exp(z - max) (one exp pass instead of logsumexp's plus the entropy's):
+    H = lse - sum(e z) / sum(e)."""
+    n = z.shape[0]
+    m = z.amax(-1, keepdim=True)  # (n, 1)
+    e = torch.sub(z, m, out=scratch[:n]).exp_()
+    total = e.sum(-1)
+    lse = total.log().add_(m[:, 0])
+    logp = z.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - lse
+    ent = lse - e.mul_(z).sum(-1).div_(total) if with_entropy else None
+    return lse, logp, ent
 
 
 class _FusedLogProb(torch.autograd.Function):
@@ -40,18 +80,25 @@ class _FusedLogProb(torch.autograd.Function):
         lse = torch.empty(N, dtype=acc, device=hidden.device)
         logp = torch.empty_like(lse)
         ent = torch.empty_like(lse) if with_entropy else None
+        bufs = _ChunkBuffers(min(chunk_size, N), weight.shape[0], acc, hidden.device)
         for s in range(0, N, chunk_size):
             sl = slice(s, min(s + chunk_size, N))
-            z = _chunk_logits(hm[sl], wm, temperature, acc, scale, softcap)  # (n, V)
+            z = _chunk_logits(hm[sl], wm, temperature, acc, scale, softcap, bufs.z)  # (n, V)
             sampling_filter_(z, top_k, top_p, labels[sl])
-            lse[sl], logp[sl], e = _chunk_forward(z, labels[sl], with_entropy)
+            if bufs.z is None:
+                lse[sl], logp[sl], e = _chunk_forward(z, labels[sl], with_entropy)
+            else:
+                lse[sl], logp[sl], e = _chunk_forward_reusing(z, bufs.scratch, labels[sl], with_entropy)
             if with_entropy:
                 ent[sl] = e
             del z
         ctx.save_for_backward(hidden, weight, labels, lse, ent)
         ctx.temperature, ctx.chunk_size, ctx.top_k, ctx.top_p = temperature, chunk_size, top_k, top_p
         ctx.scale, ctx.softcap, ctx.matmul_dtype = scale, softcap, matmul_dtype
-        del hm, wm  # the backward recasts: cheaper than holding a V x H copy between the passes
+        # an output the loss does not use (the entropy of an update without an entropy bonus, kept
+        # for its metric) gets None in the backward, not zeros: its terms are skipped
+        ctx.set_materialize_grads(False)
+        del hm, wm, bufs  # the backward recasts: cheaper than holding a V x H copy between the passes
         return (logp, ent) if with_entropy else logp
 
     @staticmethod
@@ -65,22 +112,23 @@ class _FusedLogProb(torch.autograd.Function):
         # under `md` the head's gradient accumulates over chunks in `md` inside addmm_ (fp32 sums within
         # each chunk, one rounding per chunk): an fp32 accumulator cost a cast and an add of the
         # (V, H) product per chunk, more than the matmul itself at V = 152k
-        grad_w = torch.zeros(weight.shape, dtype=md or acc, device=weight.device) if need_w else None
-        g_logp = g_logp.to(acc)
+        grad_w = None  # the first chunk's product, then each later one added (no zero-filled V x H start)
+        g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(acc)  # only the entropy was used
         g_ent = None if g_ent is None else g_ent.to(acc)
         hm, wm = _matmul_operands(hidden, weight, md)
         # the gradients' matmuls: in `md` when given, else in fp32 (a bf16 head copied up once, not per chunk)
         w_acc = (wm if md is not None else weight.to(acc)) if need_h else None
+        bufs = _ChunkBuffers(min(chunk, hidden.shape[0]), weight.shape[0], acc, hidden.device)
         for s in range(0, hidden.shape[0], chunk):
             sl = slice(s, min(s + chunk, hidden.shape[0]))
             h = hm[sl]
-            z = _chunk_logits(h, wm, T, acc, ctx.scale, ctx.softcap)  # recompute (n, V)
+            z = _chunk_logits(h, wm, T, acc, ctx.scale, ctx.softcap, bufs.z)  # recompute (n, V)
             # the transform's slope, read before the filter and the gradient overwrite z
             slope = cap_slope(z, T, ctx.scale, ctx.softcap) if ctx.softcap > 0 or ctx.scale != 1.0 else None
             removed = sampling_filter_(z, ctx.top_k, ctx.top_p, labels[sl])
             e = None if ent is None else ent[sl]
             ge = None if g_ent is None else g_ent[sl]
-            dz = _chunk_grad_(z, lse[sl], e, labels[sl], g_logp[sl], ge, T)  # d/dlogits (n, V)
+            dz = _chunk_grad_(z, lse[sl], e, labels[sl], g_logp[sl], ge, T, bufs.scratch)  # d/dlogits (n, V)
             if removed is not None:  # filtered logits get no gradient
                 dz.masked_fill_(removed, 0.0)
             if slope is not None:  # through the logit transform, to hidden @ weight.T
@@ -90,7 +138,9 @@ class _FusedLogProb(torch.autograd.Function):
             if need_h:
                 grad_h[sl] = (dz @ w_acc).to(hidden.dtype)
             if need_w:
-                grad_w.addmm_(dz.T, h if md is not None else h.to(acc))
+                hh = h if md is not None else h.to(acc)
+                # 0 + x is x: the first product is what addmm_ onto zeros gave, bit for bit
+                grad_w = torch.mm(dz.T, hh) if grad_w is None else grad_w.addmm_(dz.T, hh)
             del z, dz
         if need_w:
             grad_w = grad_w.to(weight.dtype)

@@ -97,14 +97,15 @@ def _chunk_forward(z: torch.Tensor, labels: torch.Tensor, with_entropy: bool):
     return lse, logp, ent
 
 
-def _chunk_grad_(buf, lse, ent, labels, g_logp, g_ent, temperature: float) -> torch.Tensor:
+def _chunk_grad_(buf, lse, ent, labels, g_logp, g_ent, temperature: float, scratch=None) -> torch.Tensor:
     """Turn buf (n, V), holding z = logits / T, into d loss / d logits, in place.
 
-    lse, labels, g_logp: (n,); ent, g_ent: (n,) or None. Needs one chunk-sized temporary.
+    lse, labels, g_logp: (n,); ent, g_ent: (n,) or None. Needs one chunk-sized temporary (the
+    first n rows of `scratch` (>= n, V) when given).
     """
     buf.sub_(lse.unsqueeze(-1))  # log p
     if ent is not None and g_ent is not None:
-        p = buf.exp()
+        p = buf.exp() if scratch is None else torch.exp(buf, out=scratch[:buf.shape[0]])
         buf.add_(ent.unsqueeze(-1)).mul_(g_ent.unsqueeze(-1)).add_(g_logp.unsqueeze(-1))
         buf.mul_(p).neg_()
     else:

@@ -232,8 +232,10 @@ class CriticConfig(AdamWConfig):
     """Passes over each batch."""
     mini_batch_size: int = 0
     """Sequences per optimizer step; 0 = the whole batch."""
-    micro_batch_size: int = 16
-    """Sequences per forward/backward."""
+    micro_batch_size: int = 0
+    """Sequences per forward/backward. 0 (auto): chosen as actor.micro_batch_size's auto is, for
+    the critic's model next to the actor's training state (trainers/plan.resolve_critic_memory);
+    below 100M parameters the largest divisor of the mini-batch <= 16 (the former default)."""
     max_tokens_per_micro_batch: int = 0
     """>0: micro-batches by this budget of real tokens instead of micro_batch_size sequences."""
     cliprange_value: Optional[float] = 0.5

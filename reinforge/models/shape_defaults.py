@@ -80,7 +80,7 @@ def resolve_rollout_dtype(value: str, n_params: int, device: str, backend: str, 
     return "bfloat16" if backend == "lean" and fp32 and large(n_params) and bf16_native(device) else "model"
 
 
-# ---- memory: activation checkpointing and the actor's micro-batch from a budget ------------------
+# ---- memory: activation checkpointing and the actor's / critic's micro-batch from a budget -------
 SMALL_MICRO_BATCH = 16
 """actor.micro_batch_size=0 (auto) below LARGE_PARAMS: the former fixed default, so the small models
 of the demo, the presets and the tests keep their numerics bit for bit."""
@@ -130,11 +130,13 @@ def activation_bytes(shape: dict, rows: int, seq: int, *, checkpointing: bool, m
     return tokens * shape["layers"] * per_layer
 
 
-def head_bytes(shape: dict, tokens: int, fused: bool) -> int:
-    """What the log-prob head adds at its backward: the fused path's chunk buffers and bf16
-    copies (FUSED_HEAD_BYTES at most, less for a small vocabulary), or the logits path's
-    (tokens, V) fp32 logits, log-softmax and gradient."""
+def head_bytes(shape: dict, tokens: int, fused: bool, value_head: bool = False) -> int:
+    """What the head adds at its backward: the fused path's chunk buffers and bf16 copies
+    (FUSED_HEAD_BYTES at most, less for a small vocabulary), or the logits path's (tokens, V)
+    fp32 logits, log-softmax and gradient; a critic's value head (one output per token): 0."""
     V, H = shape["vocab"], shape["hidden"]
+    if value_head:
+        return 0
     if fused:
         return min(FUSED_HEAD_BYTES, 3 * 4 * V * tokens + 4 * V * H)
     return 3 * 4 * V * tokens
@@ -173,7 +175,8 @@ class MemoryPlan:
     gradient_checkpointing: bool
     micro_batch_size: int
     state_bytes: int
-    """Weights, gradients and AdamW's two moments (plus a reference copy's weights)."""
+    """Weights, gradients and AdamW's two moments (plus a reference copy's weights, plus the
+    resident_bytes of another trained model: the actor's, for the critic's plan)."""
     activation_bytes: int
     """The micro-batch's activations (resolve's checkpointing) plus the log-prob head's buffers."""
     budget_bytes: int
@@ -199,9 +202,13 @@ def checkpointing_choice(value) -> str | None:
 
 def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: str, device: str, budget_gb: float,
                    weights_bytes: int, bf16_autocast: bool, trained_fraction: float = 1.0, reference: bool = False,
-                   fused: bool = True, eager_attention: bool = False) -> MemoryPlan:
+                   fused: bool = True, eager_attention: bool = False, value_head: bool = False,
+                   resident_bytes: int = 0) -> MemoryPlan:
     """model.gradient_checkpointing and actor.micro_batch_size (0: auto) resolved against the
     memory budget from the model's config.json; rows per micro-batch divide `mini`.
+    The critic's micro-batch is resolved the same way (`value_head`: no LM head buffers), with
+    `ckpt` already the actor's choice and `resident_bytes` the actor's state, which stays in
+    memory during the critic's update (both share the budget).
 
     Below LARGE_PARAMS (or without a readable config.json), auto means off and SMALL_MICRO_BATCH
     (the former defaults, so small models' numerics do not change). From LARGE_PARAMS on, an auto
@@ -211,7 +218,8 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
     when even one row would not fit without it (it costs a second forward, ~30% of an update)."""
     n, shape = config_params(model_path), model_shape(model_path)
     budget = memory_budget(budget_gb, device)
-    state = int(n * weights_bytes * (1 + 3 * trained_fraction) + (n * weights_bytes if reference else 0))
+    state = int(n * weights_bytes * (1 + 3 * trained_fraction) + (n * weights_bytes if reference else 0)) \
+        + resident_bytes
     choice = _flag(ckpt)
     matmul = 2 if bf16_autocast else weights_bytes
 
@@ -219,7 +227,7 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
         if shape is None:
             return 0
         return (activation_bytes(shape, rows, seq, checkpointing=on, matmul_bytes=matmul, resid_bytes=weights_bytes,
-                                 eager_attention=eager_attention) + head_bytes(shape, rows * seq, fused))
+                                 eager_attention=eager_attention) + head_bytes(shape, rows * seq, fused, value_head))
 
     if shape is None or not large(n):
         rows = micro or _divisor_at_most(mini, SMALL_MICRO_BATCH)

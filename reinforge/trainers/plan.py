@@ -197,6 +197,22 @@ def resolve_actor_memory(cfg: RLConfig, device: str, mini: int, micro: int, refe
     return cfg, mem
 
 
+def resolve_critic_memory(cfg: RLConfig, device: str, mini: int, micro: int, actor_mem) -> tuple[RLConfig, int]:
+    """(cfg with critic.micro_batch_size set, that size): critic.micro_batch_size=0 (auto) chosen
+    as the actor's is (shape_defaults.resolve_memory) from the critic's config.json, under the
+    actor's checkpointing choice (load_critic takes model.gradient_checkpointing), in the budget
+    the actor's state (`actor_mem.state_bytes`) leaves; its head is one value per token."""
+    from reinforge.models.shape_defaults import resolve_memory
+
+    m = cfg.model
+    mem = resolve_memory(ckpt="true" if actor_mem.gradient_checkpointing else "false", micro=micro, mini=mini,
+                         seq=cfg.data.max_prompt_length + cfg.rollout.max_response_length,
+                         model_path=cfg.critic.model_path or m.path, device=device, budget_gb=m.memory_budget_gb,
+                         weights_bytes=_weights_bytes(m.dtype, device), bf16_autocast=False, value_head=True,
+                         resident_bytes=actor_mem.state_bytes, eager_attention=m.attn_implementation == "eager")
+    return replace(cfg, critic=replace(cfg.critic, micro_batch_size=mem.micro_batch_size)), mem.micro_batch_size
+
+
 def logprob_path(m) -> str:
     """The actor's log-prob path as the model's vocabulary and model.* choose it: `fused` (chunk
     rows from algos/fused_logprobs.auto_chunk_rows unless model.logprob_chunk_size; bf16 head
@@ -240,6 +256,8 @@ def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = N
     critic = critic_enabled(cfg)
     c_mini, c_micro = check_batch_sizes(batch, crit.mini_batch_size, crit.micro_batch_size, "critic") \
         if critic else (None, None)
+    if critic:
+        cfg, c_micro = resolve_critic_memory(cfg, device, c_mini, c_micro, mem)
     teacher = cfg.teacher.coef != 0  # validate checked the teacher section
     # on-policy: the update's own forward gives the old log-probs (workers/actor.py), so the
     # old-log-prob pass is skipped; KL in the reward, distillation and the optimal token baseline
