@@ -74,6 +74,23 @@ def test_text_only_control_blanks_every_picture_and_keeps_the_rest(shapes):
         assert {k: v for k, v in b.items() if k != "images"} == {k: v for k, v in r.items() if k != "images"}
 
 
+def test_report_shows_a_logged_samples_pictures(tmp_path):
+    from reinforge.data.images import thumbnail_uri
+    from reinforge.report.render import write_report
+
+    uri = thumbnail_uri(Image.new("RGB", (300, 150), (220, 30, 30)))
+    small = Image.open(io.BytesIO(__import__("base64").b64decode(uri.split(",", 1)[1])))
+    assert small.size == (128, 64) and small.getpixel((5, 5)) == (220, 30, 30)  # shrunk, colours kept
+    (tmp_path / "samples").mkdir()
+    rows = [{"group": 0, "prompt": "p", "response": "3", "images": [uri]}, {"group": 0, "prompt": "p", "response": "4"},
+            {"group": 1, "prompt": "q", "response": "1", "images": ["javascript:alert(1)"]}]  # not a PNG URI: dropped
+    (tmp_path / "samples" / "train_step_1.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "actor/pg_loss": 0.1}) + "\n")
+    html = write_report(tmp_path).read_text()
+    assert html.count('<img class="sample"') == 1 and uri in html and "javascript" not in html
+
+
+@pytest.mark.slow
 def test_demo_count_shapes_quick_end_to_end(tmp_path, capsys):
     out = tmp_path / "demo"
     assert main(["demo", "--task", "count_shapes", "--quick", "--seed", "1", "--out", str(out)]) == 0
