@@ -114,6 +114,12 @@ def main(args) -> int:
             from reinforge.cli.demo_calculator import run_calculator_demo
 
             return run_calculator_demo(args, _threads())
+        if getattr(args, "task", "arithmetic") == "count_shapes":
+            from reinforge.cli.demo_vision import run_vision_demo
+
+            return run_vision_demo(args, _threads())
+        if getattr(args, "text_only", False):
+            raise SystemExit("reinforge demo: --text-only is the control of --task count_shapes")
         return run_demo(args, _threads())
     finally:
         torch.set_num_threads(before)  # in-process callers (tests) keep their setting

@@ -267,7 +267,20 @@ def encode_image_prompt(processor, text: str, images: list) -> tuple[list[int], 
     from reinforge.models.vlm_inputs import PromptImages
 
     out = processor(text=[text], images=[list(images)], add_special_tokens=False, return_tensors="pt")
-    return out["input_ids"][0].tolist(), PromptImages(out["pixel_values"], out["image_grid_thw"])
+    return out["input_ids"][0].tolist(), PromptImages(out["pixel_values"], out["image_grid_thw"], images=tuple(images))
+
+
+def thumbnail_uri(image, max_side: int = 128) -> str:
+    """A PIL image as a `data:image/png;base64,...` URI, shrunk to at most `max_side` pixels a
+    side (a logged sample's picture in the run report)."""
+    import base64
+    import io
+
+    small = image.copy()
+    small.thumbnail((max_side, max_side))
+    buf = io.BytesIO()
+    small.save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
 def drop_images(messages: list[dict]) -> list[dict]:

@@ -30,10 +30,13 @@ from reinforge.models.padding import pad
 class PromptImages:
     """One prompt's images as the processor gives them: pixel_values (N, D) and image_grid_thw
     (K, 3), the (t, h, w) patch grid of each image in order. `features`: a frozen vision
-    tower's output for them, kept by models/vlm_forward.encode_images (keyed by the tower)."""
+    tower's output for them, kept by models/vlm_forward.encode_images (keyed by the tower).
+    `images`: the decoded pictures themselves (PIL, the dataset item's own objects), for the
+    logged training samples' thumbnails (trainers/metrics.sample_rows); () when not kept."""
     pixel_values: torch.Tensor
     image_grid_thw: torch.Tensor
     features: dict = field(default_factory=dict, repr=False, compare=False)
+    images: tuple = field(default=(), repr=False, compare=False)
 
     def __len__(self) -> int:
         return self.image_grid_thw.shape[0]

@@ -99,9 +99,15 @@ def plot_position_profile(rows: list[dict], out: Path) -> Path | None:
     return _save(fig, ax, out)
 
 
-def _cell(v) -> str:
+IMAGE_URI = "data:image/png;base64,"
+
+
+def _cell(v, column: str = "") -> str:
     if v is None:
         return ""
+    if column == "images" and isinstance(v, list):  # a training sample's pictures (trainers/metrics.sample_rows)
+        return "".join(f'<img class="sample" alt="prompt image" src="{html.escape(u)}"/>'
+                       for u in v if isinstance(u, str) and u.startswith(IMAGE_URI))
     if isinstance(v, float):
         return f"{v:.3f}"
     if isinstance(v, int):
@@ -134,7 +140,7 @@ def _samples_table(path: Path | None, limit: int) -> str:
     rows = [_flat(json.loads(line)) for line in every[:limit]]
     cols = list(dict.fromkeys(k for r in rows for k in r))
     head = "".join(f"<th>{html.escape(c)}</th>" for c in cols)
-    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c))}</td>" for c in cols) + "</tr>" for r in rows)
+    body = "".join("<tr>" + "".join(f"<td>{_cell(r.get(c), c)}</td>" for c in cols) + "</tr>" for r in rows)
     return f"<p>From samples/{html.escape(path.name)} ({len(rows)} of {len(every)} rows)</p><table><tr>{head}</tr>{body}</table>"
 
 
@@ -152,7 +158,8 @@ figure img{width:100%;height:auto;display:block}
 figcaption{font-size:12px;color:#555;padding:2px 6px}
 .notdrawn{font-size:14px;color:#555}p.notdrawn{margin-bottom:0}
 table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;padding:4px;vertical-align:top}
-pre{margin:0;white-space:pre-wrap}"""
+pre{margin:0;white-space:pre-wrap}
+img.sample{width:112px;height:auto;image-rendering:pixelated;display:block}"""
 
 
 def _figure(title: str, png: Path, caption: str) -> str:

@@ -85,7 +85,10 @@ def sample_rows(batch: Batch, max_groups: int = 8, per_group: int = 4) -> list[d
     not apply), `score` (their weighted sum plus any reward model / overlong terms), `reward`
     (the token-level rewards summed: score minus the KL penalty when KL is in the reward), acc,
     `advantage` (the mean over the response's tokens) and response length (generated tokens);
-    multi-turn episodes add turns, tool calls and errors, turn rewards and the limits hit."""
+    multi-turn episodes add turns, tool calls and errors, turn rewards and the limits hit.
+    Image prompts: the first row of each group adds `images`, the prompt's pictures as small
+    PNG data URIs (data/images.thumbnail_uri; the report shows them), once per group so the
+    file does not grow with n."""
     mask = batch["response_mask"].float()
     lengths = mask.sum(-1)
     adv = (batch["advantages"] * mask).sum(-1) / lengths.clamp(min=1)
@@ -98,6 +101,10 @@ def sample_rows(batch: Batch, max_groups: int = 8, per_group: int = 4) -> list[d
         taken[g] = taken.get(g, 0) + 1
         row = {"group": g, "prompt": batch["prompt_text"][i], "response": batch["response_text"][i],
                "ground_truth": str(batch["ground_truth"][i])}
+        if taken[g] == 1 and "vision" in batch and getattr(batch["vision"][i], "images", ()):
+            from reinforge.data.images import thumbnail_uri
+
+            row["images"] = [thumbnail_uri(im) for im in batch["vision"][i].images]
         if fn_scores is not None:
             row["rewards"] = fn_scores[i]
         row.update(score=float(batch["seq_scores"][i]), reward=float(reward[i]), acc=float(batch["acc"][i]),
