@@ -111,8 +111,11 @@ def test_fused_large_vocab_reusing_buffers_matches_reference(gen, with_ent_grad)
         loss, loss_ref = loss + 0.3 * ent.sum(), loss_ref + 0.3 * ent_ref.sum()
     g = torch.autograd.grad(loss, (h, w))
     g_ref = torch.autograd.grad(loss_ref, (h, w))
+    # dL/dh sums 65,536 fp32 terms per entry: ~1e-5 of its norm is fp32's own error there (the
+    # former per-chunk path measures the same 0.8-1.2e-5, varying with the thread count), while
+    # a wrong buffer reuse or entropy term is off by O(1)
     for a, b in zip(g, g_ref):
-        assert (a.double() - b).norm() <= 1e-5 * b.norm()
+        assert (a.double() - b).norm() <= 5e-5 * b.norm()
 
 
 def test_fused_gradcheck(gen):
