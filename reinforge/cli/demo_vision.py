@@ -5,10 +5,11 @@ random-init vision-language model learns to count red shapes in pictures, SFT th
     1. data   the `count_shapes` task (tasks/count_shapes.py, 56-px pictures, 1-5 red shapes
               among 0-3 blue/green ones, chance 20%): SFT pairs, RL prompts, held-out test prompts
     2. model  a random-init tiny Qwen2-VL (models/vlm_tiny.py; the sizes in MODEL)
-    3. sft    the demo's own SFT loop (cli/demo_vision_sft.py: the SFT trainer takes no image rows
-              here) with the settings of presets/demo_count_shapes_sft.yaml, stopped at the first
-              check (every CHECK_EVERY steps) whose greedy accuracy on DEV_PROMPTS RL prompts (never
-              the held-out ones) reaches STOP_ACC -> the base (out/sft/hf)
+    3. sft    the demo's own SFT loop (cli/demo_vision_sft.py: SFTTrainer trains on image rows
+              but has no hook to stop on a held-out metric), with the settings of
+              presets/demo_count_shapes_sft.yaml, stopped at the first check (every CHECK_EVERY
+              steps) whose greedy accuracy on DEV_PROMPTS RL prompts (never the held-out ones)
+              reaches STOP_ACC -> the base (out/sft/hf)
     4. rl     GRPO (presets/demo_count_shapes_grpo.yaml) from the base, validated on the held-out
               prompts before its first step (= the base) and after its last
 

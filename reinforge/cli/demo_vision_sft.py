@@ -1,10 +1,12 @@
 """The visual demo's SFT stage: supervised answers on count_shapes pictures, stopped by a
 held-out rule (`reinforge demo --task count_shapes`, cli/demo_vision.py).
 
-The SFT trainer (trainers/sft.py) does not take image rows in this branch, so the demo runs its
-own loop (settings from presets/demo_count_shapes_sft.yaml, read as an SFT config), the arithmetic the trainer would do on these rows: cross-entropy of the response
-tokens (the digit and `<|im_end|>`) given the prompt and its picture, token mean, AdamW, linear
-warmup then a constant lr, grad-norm clip 1. Every prompt of the task has the same text and
+The demo runs its own loop rather than the SFT trainer (trainers/sft.py), which trains on image
+rows too but has no hook to stop on a held-out metric (a debt, docs/architecture.md). Settings
+come from presets/demo_count_shapes_sft.yaml, read as an SFT config; the loop does the arithmetic
+the trainer would do on these rows: cross-entropy of the response tokens (the digit and
+`<|im_end|>`) given the prompt and its picture, token mean, AdamW, linear warmup then a
+constant lr, grad-norm clip 1. Every prompt of the task has the same text and
 every picture the same size, so all rows encode to the same length and no padding is needed.
 
 The stop rule (why it exists: a tiny random-init VLM sits at chance for a while and then learns
