@@ -54,13 +54,13 @@ def _padded(rows, pad_id: int):
 def test_vlm_critic_values_equal_the_models_own_unpadded_forward(critic_and_rows):
     """Batched, left-padded values == each row alone through transformers' own forward
     (pixel_values, image_grid_thw, mm_token_type_ids: its get_rope_index positions), 1e-5."""
-    from reinforge.models.vlm_critic import vlm_response_values
+    from reinforge.models.forward import response_values
     from reinforge.models.vlm_inputs import image_token_type_ids
 
     critic, rows, proc = critic_and_rows
     ids, mask, T = _padded(rows, proc.tokenizer.pad_token_id)
     with torch.no_grad():
-        values = vlm_response_values(critic, ids, mask, T, [r[1] for r in rows])  # (B, T)
+        values = response_values(critic, ids, mask, T, vision=[r[1] for r in rows])  # (B, T)
         for i, (p, v, r) in enumerate(rows):
             one = torch.tensor([p + r])
             hidden = critic.model(input_ids=one, pixel_values=v.pixel_values, image_grid_thw=v.image_grid_thw,
@@ -75,21 +75,21 @@ def test_vlm_critic_sampled_placeholder_is_text_and_reload_keeps_head(critic_and
     the batched values equal the row's own unpadded values; a saved critic loads back with its
     value head (not a new one) and gives the same values."""
     from reinforge.models.loading import load_critic
-    from reinforge.models.vlm_critic import vlm_response_values
+    from reinforge.models.forward import response_values
 
     critic, rows, proc = critic_and_rows
     rows = [(p, v, r[:1] + [proc.image_token_id] + r[2:]) for p, v, r in rows]
     ids, mask, T = _padded(rows, proc.tokenizer.pad_token_id)
     with torch.no_grad():
-        values = vlm_response_values(critic, ids, mask, T, [r[1] for r in rows])
+        values = response_values(critic, ids, mask, T, vision=[r[1] for r in rows])
         for i, (p, v, r) in enumerate(rows):
-            alone = vlm_response_values(critic, torch.tensor([p + r]), torch.ones(1, len(p + r), dtype=torch.long),
-                                        len(r), [v])[0]
+            alone = response_values(critic, torch.tensor([p + r]), torch.ones(1, len(p + r), dtype=torch.long),
+                                    len(r), vision=[v])[0]
             assert torch.allclose(values[i, :len(r)], alone, atol=1e-5)
         critic.save_pretrained(tmp_path / "critic")
         back = load_critic(str(tmp_path / "critic"), dtype="float32").eval()
         assert torch.equal(back.score.weight, critic.score.weight)
-        assert torch.allclose(vlm_response_values(back, ids, mask, T, [r[1] for r in rows]), values, atol=1e-6)
+        assert torch.allclose(response_values(back, ids, mask, T, vision=[r[1] for r in rows]), values, atol=1e-6)
         fresh = load_critic(str(tmp_path / "critic"), dtype="float32", reinit_head=True)
         assert float(fresh.score.weight.std()) < 0.01  # reinit_head: the small new head
 

@@ -139,13 +139,20 @@ def target_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | Non
                           fused=fused, chunk_size=chunk_size, images=images)[0]
 
 
-def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int) -> torch.Tensor:
+def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
+                    vision: list | None = None) -> torch.Tensor:
     """Values V(s_t) of the states before each response token: (B, L) -> (B, T).
 
     The value of the state that chooses token t is read at the position of token t-1, the same
-    shift as the log-probs.
+    shift as the log-probs. vision: the rows' PromptImages (or None) for a vision-language
+    critic (models/vlm_critic.py): the same image inputs as the actor's (`response_logprobs`),
+    features in the prompts' placeholders only, M-RoPE positions.
     """
     T = response_len
-    out = critic(input_ids=input_ids, attention_mask=attention_mask,
-                 position_ids=position_ids_from_mask(attention_mask), use_cache=False)
-    return out.logits[:, -T - 1:-1, 0].float()
+    fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
+    if vision is not None and any(v is not None for v in vision):
+        from reinforge.models.vlm_forward import image_embeds, image_inputs
+
+        fwd["position_ids"], fwd["image_slots"], images = image_inputs(critic, input_ids, attention_mask, vision)
+        fwd = image_embeds(critic, fwd, images)
+    return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()

@@ -9,7 +9,8 @@ folder (models/loading.py): `AutoModel` gives the backbone without its LM head (
 folder has a value_head.safetensors) the head is kept unless `reinit_head`. There is no
 vision-language reward model in reinforge to start from.
 
-Values come from the same inputs the actor's padded forward builds (forward.response_logprobs):
+Values come from forward.response_values given the rows' `vision`, with the inputs the actor's padded
+forward builds (forward.response_logprobs, vlm_forward.image_inputs):
 the prompt's image placeholders take the image features (encoded once per distinct prompt,
 kept on the PromptImages while the tower is frozen), a placeholder sampled in a response stays
 text, and positions are M-RoPE's (3, B, L) from the attention mask, so a row's values do not
@@ -85,19 +86,3 @@ def load_vlm_critic(path: str, *, dtype: torch.dtype, trust_remote_code: bool, a
         torch.nn.init.zeros_(model.score.bias)
     return model
 
-
-def vlm_response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int,
-                        vision: list) -> torch.Tensor:
-    """Values V(s_t) before each of the last `response_len` tokens of rows with images `vision`
-    (B,): (B, L) -> (B, T) fp32, read one position earlier as forward.response_values does."""
-    from reinforge.models.forward import position_ids_from_mask
-    from reinforge.models.vlm_forward import image_embeds, image_inputs
-
-    T = response_len
-    fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
-    if any(v is not None for v in vision):
-        # the actor's image inputs (forward.response_logprobs): a response's sampled placeholder
-        # is text (no image slot, text positions); only the prompt's placeholders take features
-        fwd["position_ids"], fwd["image_slots"], images = image_inputs(critic, input_ids, attention_mask, vision)
-        fwd = image_embeds(critic, fwd, images)
-    return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()

@@ -31,11 +31,9 @@ class CriticWorker(LocalTrainedRole, role="critic"):
         self.optim = Optim(self.params, self.opt, cfg.grad_clip, self.guard)
 
     def _values(self, mb: Batch) -> torch.Tensor:
-        if "vision" in mb:  # a VLM critic on image prompts: the actor's image inputs (models/vlm_critic.py)
-            from reinforge.models.vlm_critic import vlm_response_values
-
-            return vlm_response_values(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1],
-                                       mb["vision"])
+        if "vision" in mb:  # image prompts: the padded forward (packed rows carry no image inputs here)
+            return response_values(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1],
+                                   vision=mb["vision"])
         fn = packed_response_values if self.use_packing else response_values
         return fn(self.model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1])
 
