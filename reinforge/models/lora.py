@@ -47,6 +47,15 @@ def apply_lora(model, rank: int, alpha: float, target_modules: list[str]):
     return peft_model
 
 
+def with_lora(model, m):
+    """`model` wrapped with a fresh LoRA adapter when model.lora_rank > 0 (`m`: the model config
+    section: lora_rank, lora_alpha, lora_target_modules), else `model` as it is: what the actor,
+    SFT and DPO all load."""
+    if m.lora_rank <= 0:
+        return model
+    return apply_lora(model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
+
+
 def _checkpointing(model) -> bool:
     """Whether activation checkpointing is on in any submodule. Read from the modules' own flag
     (what transformers sets) rather than `is_gradient_checkpointing`, deprecated in 5.x and

@@ -42,6 +42,7 @@ from reinforge.algos.preference import (REFERENCE_FREE, UNPAIRED, dpo_loss, dpo_
 from reinforge.config.preference import DPOConfig
 from reinforge.models.forward import response_logprobs
 from reinforge.models.loading import load_causal_lm
+from reinforge.models.lora import with_lora
 from reinforge.seeding import seed_everything
 from reinforge.trainers.plan import SupervisedPlan
 from reinforge.trainers.preference_common import (PairSubset, PairTrainer, load_inputs, pair_tensors,
@@ -125,10 +126,7 @@ class DPOTrainer(PairTrainer):
                   attn_implementation=m.attn_implementation)
         self.model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing,
                                     freeze_vision_tower=m.freeze_vision_tower, **kw)
-        if m.lora_rank > 0:
-            from reinforge.models.lora import apply_lora
-
-            self.model = apply_lora(self.model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
+        self.model = with_lora(self.model, m)  # models/lora.py: unchanged when model.lora_rank is 0
         self.setup(plan, tok, train, val, skipped)
         self.reference, self.ref_cache = None, None
         uses_ref = cfg.dpo.loss_type not in REFERENCE_FREE  # simpo/cpo/orpo read the policy alone

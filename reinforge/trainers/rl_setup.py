@@ -11,6 +11,7 @@ from reinforge.algos.kl import make_kl_controller
 from reinforge.config.load import ConfigError
 from reinforge.config.schema import RLConfig
 from reinforge.models.loading import load_causal_lm, load_critic, load_tokenizer, load_vlm_processor
+from reinforge.models.lora import with_lora
 from reinforge.models.vlm_processor import is_vlm_folder
 from reinforge.trainers.logging import note_skipped
 from reinforge.trainers.plan import RunPlan
@@ -120,10 +121,7 @@ def load_actor_model(plan: RunPlan, *, train: bool = True):
     m = plan.cfg.model
     model = load_causal_lm(m.path, gradient_checkpointing=m.gradient_checkpointing, train=train,
                            freeze_vision_tower=m.freeze_vision_tower, **_model_kwargs(plan))
-    if m.lora_rank > 0:
-        from reinforge.models.lora import apply_lora
-
-        model = apply_lora(model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
+    model = with_lora(model, m)
     return model if train else model.requires_grad_(False)
 
 
@@ -210,10 +208,7 @@ def model_skeleton(plan: RunPlan, critic: bool = False):
             config.num_labels = 1
             return AutoModelForTokenClassification.from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code)
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code)
-        if m.lora_rank > 0:
-            from reinforge.models.lora import apply_lora
-
-            model = apply_lora(model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
+        model = with_lora(model, m)
     return model
 
 

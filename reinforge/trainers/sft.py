@@ -128,6 +128,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         a path, in place of data.train_files / data.val_files (trainers/inputs.py)."""
         from reinforge.data import PromptLoader  # a seeded, resumable order
         from reinforge.models.loading import load_causal_lm
+        from reinforge.models.lora import with_lora
         from reinforge.trainers.inputs import python_inputs
         from reinforge.trainers.rl_setup import load_processing
 
@@ -149,10 +150,7 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
                                     attn_implementation=m.attn_implementation,
                                     gradient_checkpointing=m.gradient_checkpointing,
                                     freeze_vision_tower=m.freeze_vision_tower)
-        if m.lora_rank > 0:
-            from reinforge.models.lora import apply_lora
-
-            self.model = apply_lora(self.model, m.lora_rank, m.lora_alpha, list(m.lora_target_modules))
+        self.model = with_lora(self.model, m)  # models/lora.py: unchanged when model.lora_rank is 0
         o = cfg.optim
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.opt = make_optimizer(self.params, o.lr, o.weight_decay, o.betas)
