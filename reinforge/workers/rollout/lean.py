@@ -12,6 +12,9 @@ parameters, LoRA layers included, are used: nothing to copy or sync), with:
 - finished rows dropped from the batch (cache, mask and positions compacted);
 - `rollout.dtype=bfloat16` (the plan's `auto` for large fp32 models on bf16-native devices):
   decoding from a bf16 copy of the weights, made for each generation (decode_weights.py);
+- on a CPU, every linear layer's weight reordered once per generation into oneDNN's layout
+  (packed_linears.py: bf16 always, bit-identical; fp32 for models of >= 100M parameters),
+  instead of at every call;
 - for large vocabularies (>= LARGE_VOCAB ids), sampling by the inverse CDF of one uniform
   draw per row (`sample_large_vocab`) instead of torch.multinomial, whose exponential-race
   kernel draws V random numbers per row (~10x the cost at V = 152k); same distribution,
@@ -45,6 +48,7 @@ from reinforge.models.forward import unwrap_peft
 from reinforge.workers.rollout.base import RolloutCapabilities
 from reinforge.workers.rollout.decode_weights import DTYPES, cast_weights
 from reinforge.workers.rollout.hf import HFRollout
+from reinforge.workers.rollout.packed_linears import packed_linears, should_pack
 
 SUPPORTED = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl")  # VLMs: their language model, images via vlm.py
 LARGE_VOCAB = 1 << 16
@@ -63,18 +67,21 @@ def sample_inverse_cdf(probs: torch.Tensor, generator: torch.Generator | None = 
 
 
 def sample_large_vocab(logits: torch.Tensor, temperature: float, top_k: int = 0, top_p: float = 1.0,
-                       generator: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                       generator: torch.Generator | None = None,
+                       work: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(b, V) logits -> tokens (b,) drawn from softmax(filter(logits / T)) by `sample_inverse_cdf`'s
     rule (the same one uniform per row), and their log-probs (b,). One unnormalised
     e = exp(z - max z) is both the CDF (its cumulative sum) and the normaliser (lse = max +
     log sum e), instead of a (b, V) log-softmax, its exp and a division by T = 1: at V = 152k these
-    (b, V) passes cost about half of a bf16 decode step's head matmul on a 4-layer model."""
+    (b, V) passes cost about half of a bf16 decode step's head matmul on a 4-layer model.
+    work: an fp32 buffer of at least (b, V) for the CDF (the lean loop's, reused every token: a
+    fresh 10 MB tensor a token is page-faulted anew); the same values either way."""
     z = logits.float()
     if temperature != 1.0 or filter_active(z.shape[-1], top_k, top_p):
         z = z / temperature  # a copy: the filter below writes in place
         sampling_filter_(z, top_k, top_p)
     m = z.amax(-1, keepdim=True)  # (b, 1)
-    cdf = (z - m).exp_().cumsum_(-1)  # (b, V)
+    cdf = (z - m if work is None else torch.sub(z, m, out=work[:z.shape[0]])).exp_().cumsum_(-1)  # (b, V)
     total = cdf[:, -1:]
     u = 1.0 - torch.rand(z.shape[0], 1, generator=generator, device=z.device)  # (0, 1]
     tok = torch.searchsorted(cdf, u * total)[:, 0].clamp_(max=z.shape[-1] - 1)
@@ -143,6 +150,9 @@ class LeanRollout(HFRollout):
         if dtype not in ("model", *DTYPES):
             raise ValueError(f"rollout.dtype={dtype!r} is not known; valid: {['model', *DTYPES]} (or auto in a config)")
         self.decode_dtype = DTYPES.get(dtype)
+        self.pack = True
+        """Reorder the linear weights once per generation where that pays (packed_linears.py);
+        False: every layer's own forward (a test's reference)."""
         self._partial = None  # during a partial generation: [refresh, current version, token_versions parts]
 
     @property
@@ -183,9 +193,10 @@ class LeanRollout(HFRollout):
         return inner, getattr(inner.model, "language_model", inner.model)
 
     def _forward(self, backbone, head, ids: torch.Tensor, pos: torch.Tensor, mask: torch.Tensor,
-                 cache: StaticCache, embeds: torch.Tensor | None = None) -> torch.Tensor:
+                 cache: StaticCache, embeds: torch.Tensor | None = None, out: torch.Tensor | None = None) -> torch.Tensor:
         """ids, pos (b, L) (a VLM's prefill: (3, b, L)); mask (b, 1, L, cache.pos + L) bool, True =
-        attend; embeds (b, L, H): the input embeddings when not ids' own -> last logits (b, V)."""
+        attend; embeds (b, L, H): the input embeddings when not ids' own; out: an fp32 buffer of
+        at least (b, V) to hold them (reused across tokens) -> last logits (b, V) fp32."""
         h = backbone.embed_tokens(ids) if embeds is None else embeds
         rope = backbone.rotary_emb(h, pos)
         if backbone.config._attn_implementation == "eager":  # eager adds the mask to the scores
@@ -194,16 +205,18 @@ class LeanRollout(HFRollout):
             h = layer(h, attention_mask=mask, position_embeddings=rope, position_ids=pos,
                       **{cache_keyword(type(layer)): cache})
         cache.pos += ids.shape[1]
-        return head(backbone.norm(h[:, -1:]))[:, 0].float()
+        logits = head(backbone.norm(h[:, -1:]))[:, 0]
+        return logits.float() if out is None else out[:len(logits)].copy_(logits)
 
-    def _pick(self, logits: torch.Tensor, greedy: bool, sampling: tuple[float, int, float]):
-        """(b, V) logits -> tokens (b,) and their log-probs (b,) under the sampled distribution."""
+    def _pick(self, logits: torch.Tensor, greedy: bool, sampling: tuple[float, int, float], work=None):
+        """(b, V) logits -> tokens (b,) and their log-probs (b,) under the sampled distribution
+        (work: sample_large_vocab's buffer)."""
         temperature, top_k, top_p = sampling
         if greedy:
             tok = logits.argmax(-1)
             return tok, logits.log_softmax(-1).gather(-1, tok[:, None])[:, 0]
         if logits.shape[-1] >= LARGE_VOCAB:
-            return sample_large_vocab(logits, temperature, top_k, top_p, self.generator)
+            return sample_large_vocab(logits, temperature, top_k, top_p, self.generator, work)
         logp = sampling_log_probs(logits, temperature, top_k, top_p)
         tok = torch.multinomial(logp.exp(), 1, generator=self.generator)[:, 0]
         return tok, logp.gather(-1, tok[:, None])[:, 0]
@@ -215,7 +228,11 @@ class LeanRollout(HFRollout):
         with cast_weights(self.model, self.decode_dtype):
             if not self.lean:
                 return super()._generate_ids(prompt_ids, prompt_mask, n, greedy, sampling, T, vision=vision)
-            return self._lean_ids(prompt_ids, prompt_mask, n, greedy, sampling, T, stop, vision)
+            dtype = self.decode_dtype or next(self.model.parameters()).dtype
+            # not in a partial rollout: its refresh loads new weights into the modules mid-generation
+            pack = self.pack and self._partial is None and should_pack(self.model, dtype)
+            with packed_linears(self.model, len(prompt_ids) * n, pack):
+                return self._lean_ids(prompt_ids, prompt_mask, n, greedy, sampling, T, stop, vision)
 
     def _lean_ids(self, prompt_ids, prompt_mask, n, greedy, sampling, T, stop, vision=None):
         inner, backbone = self._parts()
@@ -267,6 +284,9 @@ class LeanRollout(HFRollout):
         if partial is not None and vision is not None:  # _prefill_again has no image embeddings / M-RoPE
             raise ValueError("rollout.partial=true does not take image prompts yet; set rollout.partial=false")
         versions = torch.full((B, T), -1, dtype=torch.long) if partial is not None else None
+        # Large vocabularies: the logits and the sampler's CDF in two (B, V) buffers kept for the loop.
+        big = logits.shape[-1] >= LARGE_VOCAB
+        buf, work = (torch.empty_like(logits), torch.empty_like(logits)) if big else (None, None)
         for t in range(T):
             if partial is not None and t > 0 and (v := partial[0](t)) is not None:
                 partial[1] = v  # new weights: recompute the cache of the rows still decoding under them
@@ -274,7 +294,7 @@ class LeanRollout(HFRollout):
                                                     keys[:, :P + t], dtype, S)
             if versions is not None:
                 versions[rows.cpu(), t] = partial[1]
-            tok, lp = self._pick(logits, greedy, sampling)
+            tok, lp = self._pick(logits, greedy, sampling, work)
             resp[rows, t], logps[rows, t] = tok, lp
             if t == T - 1:
                 break
@@ -289,7 +309,7 @@ class LeanRollout(HFRollout):
                         break
                     cache, keys, rows, tok, next_pos = cache.rows(keep), keys[keep], rows[keep], tok[keep], next_pos[keep]
             logits = self._forward(backbone, head, tok[:, None], (next_pos + t)[:, None],
-                                   keys[:, None, None, :P + t + 1], cache)
+                                   keys[:, None, None, :P + t + 1], cache, out=buf)
         if versions is not None:
             partial[2].append(versions)
         return resp.cpu(), logps.cpu()
