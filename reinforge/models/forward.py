@@ -155,9 +155,13 @@ def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tenso
     """
     T = response_len
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
-    if vision is not None and any(v is not None for v in vision):
-        from reinforge.models.vlm_forward import image_embeds, image_inputs
+    if vision is None or all(v is None for v in vision):
+        return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()
+    from reinforge.models.vlm_forward import image_embeds, image_inputs
 
-        fwd["position_ids"], fwd["image_slots"], images = image_inputs(critic, input_ids, attention_mask, vision)
-        fwd = image_embeds(critic, fwd, images)
-    return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()
+    fwd["position_ids"], fwd["image_slots"], images = image_inputs(critic, input_ids, attention_mask, vision)
+
+    def run(**fwd):  # the embedding and the tower read inside the root's forward (FSDP gathers them)
+        return critic(**image_embeds(critic, fwd, images), use_cache=False).logits
+
+    return as_root_forward(critic, run, **fwd)[:, -T - 1:-1, 0].float()

@@ -261,8 +261,8 @@ def check_vlm_critic(cfg) -> None:
 
 def check_vlm_rl(plan: RunPlan) -> None:
     """A vision-language actor (model.path's config.json has a vision_config) trains only where
-    the prompts' images reach every forward: a local run (synchronous, or asynchronous, partial
-    rollouts included), the lean/hf rollout, a single turn, no teacher, a critic that is a VLM
+    the prompts' images reach every forward: a local or Ray run (synchronous, or asynchronous,
+    partial rollouts included), the lean/hf rollout, a single turn, no teacher, a critic that is a VLM
     too (check_vlm_critic). Elsewhere the images would be dropped or the model fail to load
     late, so each is refused here, naming its key."""
     from reinforge.models.vlm_processor import is_vlm_folder
@@ -273,9 +273,12 @@ def check_vlm_rl(plan: RunPlan) -> None:
     r, why = cfg.rollout, f"model.path={cfg.model.path!r} is a vision-language model"
     refused = [
         (r.backend not in ("lean", "hf"), f"rollout.backend={r.backend}", "its engine does not see the images; use lean or hf"),
-        (cfg.trainer.backend != "local", f"trainer.backend={cfg.trainer.backend}", "image prompts train locally only"),
         (plan.teacher_enabled, "teacher.coef != 0", "the teacher does not see the images"),
         (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
+        (cfg.trainer.backend == "ray" and plan.critic_enabled and cfg.algorithm.value_pretrain_steps > 0,
+         f"algorithm.value_pretrain_steps={cfg.algorithm.value_pretrain_steps} with trainer.backend=ray",
+         "the ranks export a critic as one model.safetensors, not the VLM critic's folder (backbone + "
+         "value_head.safetensors); pretrain the critic in a local run"),
     ]
     for bad, key, fix in refused:
         if bad:

@@ -60,6 +60,18 @@ def refill_inputs(model, seq: torch.Tensor, keys: torch.Tensor, vision: list) ->
     return image_embeds(model, {"input_ids": seq, "image_slots": slots}, images)["inputs_embeds"], pos
 
 
+def own_vision(prompts, rows):
+    """rows (B0 x n, each prompt's n samples together, as every backend orders them) generated
+    in another process from `prompts` (B0): their `vision` set back to the prompts' own
+    PromptImages. What came back are unpickled copies (pixels and grids only: no cached
+    features, no pictures), not the object the dataset item holds, and the logged samples
+    would have no pictures to show. -> rows."""
+    if "vision" in prompts and "vision" in rows and len(prompts):
+        n = len(rows) // len(prompts)
+        rows["vision"] = [prompts["vision"][i // n] for i in range(len(rows))]
+    return rows
+
+
 def generate_kwargs(model, ids: torch.Tensor, vision: list | None) -> dict:
     """The image inputs of transformers' generate for (B0, P) prompts `ids` (empty for text)."""
     if vision is None:
