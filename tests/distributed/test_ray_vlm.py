@@ -116,8 +116,9 @@ def test_two_ranks_equal_one_process_on_image_prompts(ray_cluster, vlm_files, tm
 
 def test_grpo_on_image_prompts_with_two_ranks(ray_cluster, vlm_files, tmp_path):
     """One GRPO step through RLTrainer: the ranks generate with the images (old log-probs equal
-    the rollout's), the language model trains with the tower frozen, and rank 0's export loads
-    back as a VLM with its image processor."""
+    the rollout's), the language model trains with the tower frozen, rank 0's export loads back
+    as a VLM with its image processor, the logged samples show their pictures, and a second
+    trainer resumes from the ranks' shards (frozen tower in the root unit) to step 2."""
     from safetensors.torch import load_file
 
     from reinforge.models.loading import load_causal_lm, load_vlm_processor
@@ -128,7 +129,10 @@ def test_grpo_on_image_prompts_with_two_ranks(ray_cluster, vlm_files, tmp_path):
     extra = {"trainer.backend": "ray", "trainer.devices_per_node": 2, "trainer.total_steps": 1, "rollout.n": 2,
              "data.train_batch_size": 2, "actor.mini_batch_size": 2, "actor.micro_batch_size": 2,
              "trainer.save_every": 1, "trainer.log_samples_every": 1}
-    trainer = RLTrainer(load_config(RLConfig, "grpo", _overrides(model, data, str(run), **extra)))
+    def cfg(steps: int) -> RLConfig:
+        return load_config(RLConfig, "grpo", _overrides(model, data, str(run), **{**extra, "trainer.total_steps": steps}))
+
+    trainer = RLTrainer(cfg(1))
     seen, log_probs = [], trainer.actor.log_probs
 
     def record(batch, **kw):
@@ -151,6 +155,12 @@ def test_grpo_on_image_prompts_with_two_ranks(ray_cluster, vlm_files, tmp_path):
     assert all(torch.equal(exported.state_dict()[k], v) for k, v in step.items() if k in exported.state_dict())
     rows = [json.loads(x) for x in (run / "samples" / "train_step_1.jsonl").read_text().splitlines()]
     assert any(r.get("images") for r in rows)
+    resumed = RLTrainer(cfg(2))
+    resumed.fit(resume=True)
+    steps = [json.loads(x)["step"] for x in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 2 and steps.count(1) == 1
+    step2 = load_file(str(run / "checkpoints" / "step_2" / "actor.safetensors"))
+    assert all(torch.equal(step2[k], base[k]) for k in step2 if "visual" in k)
 
 
 def test_ray_rollout_workers_partial_rollouts_on_image_prompts(ray_cluster, vlm_files, tmp_path):
