@@ -118,8 +118,6 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
 @pytest.mark.parametrize("override,key", [
     ({"rollout.backend": "vllm"}, "rollout.backend=vllm"),
     ({"rollout.max_turns": 2}, "rollout.max_turns=2"),
-    ({"trainer.backend": "ray", "algorithm.adv_estimator": "gae", "algorithm.value_pretrain_steps": 1},
-     "algorithm.value_pretrain_steps=1 with trainer.backend=ray"),
 ])
 def test_vlm_refusals_before_models_load(override, key, vlm_setup, tmp_path, no_model_loads, monkeypatch):
     import reinforge.workers.rollout as rollouts

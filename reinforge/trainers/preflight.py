@@ -275,10 +275,6 @@ def check_vlm_rl(plan: RunPlan) -> None:
         (r.backend not in ("lean", "hf"), f"rollout.backend={r.backend}", "its engine does not see the images; use lean or hf"),
         (plan.teacher_enabled, "teacher.coef != 0", "the teacher does not see the images"),
         (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
-        (cfg.trainer.backend == "ray" and plan.critic_enabled and cfg.algorithm.value_pretrain_steps > 0,
-         f"algorithm.value_pretrain_steps={cfg.algorithm.value_pretrain_steps} with trainer.backend=ray",
-         "the ranks export a critic as one model.safetensors, not the VLM critic's folder (backbone + "
-         "value_head.safetensors); pretrain the critic in a local run"),
     ]
     for bad, key, fix in refused:
         if bad:

@@ -70,7 +70,9 @@ def _image_batch(model_dir: str) -> Batch:
 def test_two_ranks_equal_one_process_on_image_prompts(ray_cluster, vlm_files, tmp_path):
     """PPO's passes on image rows: the actor's and the reference's log-probs, the VLM critic's
     values, the gradient of every optimizer step of both updates and the weights after them agree
-    between 2 ranks and 1 process (1e-5); both towers stay as they were."""
+    between 2 ranks and 1 process (1e-5); both towers stay as they were; the ranks' critic export
+    (VAPO's critic_pretrained) is a VLM critic folder that loads back with the trained head."""
+    from reinforge.models.loading import load_critic, load_tokenizer
     from reinforge.trainers.rl_setup import build_ray_workers, build_workers
 
     model, data = vlm_files
@@ -110,6 +112,11 @@ def test_two_ranks_equal_one_process_on_image_prompts(ray_cluster, vlm_files, tm
             assert max(float((local_state[k] - v).abs().max()) for k, v in full.items()) <= TOL
             init = {k: v for k, v in local_state.items() if "visual" in k}
             assert init and all(torch.equal(full[k], v) for k, v in init.items() if k in full)
+            if role == "critic":
+                (tmp_path / "critic_hf").mkdir()  # write_export's temporary folder, in a run
+                remote.critic.export(tmp_path / "critic_hf", load_tokenizer(model))
+                back = load_critic(str(tmp_path / "critic_hf"), dtype="float32").state_dict()
+                assert back.keys() == full.keys() and all(torch.equal(back[k], v) for k, v in full.items())
     finally:
         group.shutdown()
 
