@@ -23,7 +23,8 @@ text, and positions are M-RoPE's (3, B, L) from the attention mask, so a row's v
 depend on its batch's padding.
 
 Saved (`save_pretrained`) as a folder: the backbone's own `save_pretrained` (config.json and its
-weights, which `AutoModel` reads back) and value_head.safetensors (`weight` (1, H), `bias` (1,)).
+weights, which `AutoModel` reads back) and value_head.safetensors (`weight` (1, H), and a
+critic's `bias` (1,)); a Ray run's ranks stream the same layout (distributed/weights.save_hf).
 A checkpoint's critic.safetensors (workers/role.py) holds both under `model.` and `score.`.
 
 Shapes: B rows, L = P + T tokens, T response tokens, H hidden.
@@ -79,9 +80,8 @@ class VisionValueModel(torch.nn.Module):
 
 
 def load_scalar_model(path: str, *, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
-                      reinit_head: bool, load, bias: bool, std: float | None) -> tuple[VisionValueModel, bool]:
-    """VLM folder `path`'s backbone with a scalar head, on the CPU -> (model, whether the head
-    was kept). The head is read from the folder's value_head.safetensors when there is one and
+                      reinit_head: bool, load, bias: bool, std: float | None) -> VisionValueModel:
+    """VLM folder `path`'s backbone with a scalar head, on the CPU. The head is read from the folder's value_head.safetensors when there is one and
     not `reinit_head`; otherwise it is new: `bias` or not, weight ~ N(0, std) (std None: the
     language model's initializer_range), zero bias. `load`: the loader's from_pretrained guard
     (loading._from_pretrained, which names a corrupt weight file)."""
@@ -102,7 +102,7 @@ def load_scalar_model(path: str, *, dtype: torch.dtype, trust_remote_code: bool,
         torch.nn.init.normal_(model.score.weight, std=std)
         if model.score.bias is not None:
             torch.nn.init.zeros_(model.score.bias)
-    return model, kept
+    return model
 
 
 def load_vlm_critic(path: str, *, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
@@ -111,7 +111,7 @@ def load_vlm_critic(path: str, *, dtype: torch.dtype, trust_remote_code: bool, a
     small weights (std 1e-3, zero bias) so early values are near zero."""
     return load_scalar_model(path, dtype=dtype, trust_remote_code=trust_remote_code,
                              attn_implementation=attn_implementation, reinit_head=reinit_head, load=load,
-                             bias=True, std=1e-3)[0]
+                             bias=True, std=1e-3)
 
 
 def load_vlm_reward_model(path: str, *, dtype: torch.dtype, trust_remote_code: bool, attn_implementation: str,
@@ -120,4 +120,4 @@ def load_vlm_reward_model(path: str, *, dtype: torch.dtype, trust_remote_code: b
     the folder has one, else a new bias-free head (a policy's folder, for `reinforge rm`)."""
     return load_scalar_model(path, dtype=dtype, trust_remote_code=trust_remote_code,
                              attn_implementation=attn_implementation, reinit_head=False, load=load,
-                             bias=False, std=None)[0]
+                             bias=False, std=None)
