@@ -124,7 +124,8 @@ def test_two_ranks_equal_one_process_on_image_prompts(ray_cluster, vlm_files, tm
 def test_grpo_on_image_prompts_with_two_ranks(ray_cluster, vlm_files, tmp_path):
     """One GRPO step through RLTrainer: the ranks generate with the images (old log-probs equal
     the rollout's), the language model trains with the tower frozen, rank 0's export loads back
-    as a VLM with its image processor, the logged samples show their pictures, and a second
+    as a VLM with its image processor, the logged samples show their pictures, validation
+    generates on the ranks from image prompts, and a second
     trainer resumes from the ranks' shards (frozen tower in the root unit) to step 2."""
     from safetensors.torch import load_file
 
@@ -135,7 +136,9 @@ def test_grpo_on_image_prompts_with_two_ranks(ray_cluster, vlm_files, tmp_path):
     run = tmp_path / "run"
     extra = {"trainer.backend": "ray", "trainer.devices_per_node": 2, "trainer.total_steps": 1, "rollout.n": 2,
              "data.train_batch_size": 2, "actor.mini_batch_size": 2, "actor.micro_batch_size": 2,
-             "trainer.save_every": 1, "trainer.log_samples_every": 1}
+             "trainer.save_every": 1, "trainer.log_samples_every": 1, "data.val_files": f"[{data['test']}]",
+             "trainer.val_before_train": True}
+
     def cfg(steps: int) -> RLConfig:
         return load_config(RLConfig, "grpo", _overrides(model, data, str(run), **{**extra, "trainer.total_steps": steps}))
 
@@ -149,6 +152,7 @@ def test_grpo_on_image_prompts_with_two_ranks(ray_cluster, vlm_files, tmp_path):
     trainer.actor.log_probs = record
     last = trainer.fit()
     assert math.isfinite(last["actor/pg_loss"]) and last["actor/grad_norm"] > 0
+    assert 0.0 <= last["val/acc_greedy"] <= 1.0  # validation on image prompts, generated on the ranks
     batch, old = seen[0]
     assert all(v is not None for v in batch["vision"])
     mask = batch["response_mask"].bool()
