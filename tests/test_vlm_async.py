@@ -2,11 +2,14 @@
 copy of a tiny Qwen2-VL, the deterministic schedule): the producer's rows carry their prompt's
 images, the first step's old log-probs equal the behaviour policy's (the copy saw the same
 images), later steps lag one version, and a run crashed after a checkpoint that holds image rows
-in flight resumes bit for bit."""
+in flight resumes bit for bit. Partial rollouts (rollout.partial) on image prompts: each token's
+log-prob is that of the weights its token_versions names, the re-prefill after a switch seeing
+the prompt's images (and, with a vision tower that trains, the new tower's features)."""
 from __future__ import annotations
 
 import json
 
+import pytest
 import torch
 
 from reinforge.config.load import load_config
@@ -64,3 +67,87 @@ def test_staleness_1_on_image_prompts_resumes_bit_exactly(vlm_setup, tmp_path): 
     wa = load_file(str(full / "checkpoints" / "step_3" / "actor.safetensors"))
     wb = load_file(str(part / "checkpoints" / "step_3" / "actor.safetensors"))
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("tower", ["frozen", "trained"])
+def test_partial_rollout_on_image_prompts_samples_each_token_by_its_stamped_version(tower, vlm_setup):  # noqa: F811
+    """Weights swapped at positions 2 and 4 (versions 0 -> 1 -> 2) in the behaviour copy (its tower
+    frozen by requires_grad, so its features are cached): each token's recorded log-prob equals a
+    full forward of the weights its token_versions names through an independent model that
+    encodes the images anew (1e-5, fp32); a row that saw a switch differs from version 0. With
+    model.freeze_vision_tower=false the snapshots change the tower too, and the copy encodes the
+    images with the new tower after each switch."""
+    from PIL import Image
+
+    from reinforge.models.forward import response_logprobs
+    from reinforge.models.loading import load_causal_lm, load_vlm_processor
+    from reinforge.models.vlm_inputs import encode_prompt
+    from reinforge.protocol import Batch
+    from reinforge.workers.rollout.behaviour import LocalBehaviour
+    from reinforge.workers.rollout.lean import LeanRollout
+
+    model_dir = vlm_setup[0]
+    actor = load_causal_lm(model_dir, dtype="float32", freeze_vision_tower=tower == "frozen")
+    proc = load_vlm_processor(model_dir)
+    g = torch.Generator().manual_seed(0)
+    base = {k: p.detach().clone() for k, p in actor.named_parameters() if p.requires_grad}  # the trainable snapshot
+    assert any("visual" in k for k in base) == (tower == "trained")
+    weights = [base] + [{k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(2)]
+    engine = LeanRollout(actor, proc.tokenizer, max_prompt_length=64, max_response_length=6)
+    policy = LocalBehaviour(engine, seed=0)  # a deep copy with requires_grad off
+    assert policy.partial_ok
+    policy.load(0, None)
+
+    def refresh(t: int):
+        if t in (2, 4):
+            policy.load(t // 2, weights[t // 2])
+            return t // 2
+        return None
+
+    ids, vision = [], []
+    for i, (size, text) in enumerate([(56, "How many?"), (84, "Count the red shapes."), (56, "x")]):
+        msg = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": text}]}]
+        p, v = encode_prompt(proc, msg, [Image.new("RGB", (size, size), (60 * i, 180, 40))])
+        ids.append(p)
+        vision.append(v)
+    prompts = Batch({"uid": torch.arange(3)}, {"prompt_ids": ids, "vision": vision})
+    batch = policy.generate(prompts, n=2, temperature=1.0, seed=5, refresh=refresh)
+    tv, mask = batch["token_versions"], batch["response_mask"].bool()
+    assert set(tv[mask].tolist()) == {0, 1, 2} and torch.equal(batch["policy_version"], tv[:, 0])
+    # the check's own model: its tower requires grad, so it encodes the images on every forward
+    check = load_causal_lm(model_dir, dtype="float32", freeze_vision_tower=False).eval()
+    params = dict(check.named_parameters())
+    per_version = []
+    with torch.no_grad():
+        for w in weights:
+            for k, value in w.items():
+                params[k].copy_(value)
+            lp, _ = response_logprobs(check, batch["input_ids"], batch["attention_mask"], tv.shape[1],
+                                      vision=batch["vision"])
+            per_version.append(lp)
+    expected = torch.stack(per_version).gather(0, tv[None])[0]
+    torch.testing.assert_close(batch["rollout_log_probs"][mask], expected[mask], atol=1e-5, rtol=0)
+    later = mask & (tv > 0)
+    assert (batch["rollout_log_probs"][later] - per_version[0][later]).abs().max() > 1e-3
+
+
+def test_partial_rollouts_train_on_image_prompts(vlm_setup, tmp_path):  # noqa: F811
+    """rollout.partial with the deterministic schedule on image prompts: rows that switch weights
+    mid-response reach the update with their images, the per-token lag within the per-row one."""
+    model, verl_file, _ = vlm_setup
+    trainer = RLTrainer(load_config(RLConfig, "grpo", _overrides(model, verl_file, str(tmp_path / "run"), **{
+        **EXTRA, "rollout.partial": True, "trainer.save_every": 0})))
+    seen, log_probs = [], trainer.actor.log_probs
+
+    def record(batch, **kw):
+        seen.append(batch)
+        return log_probs(batch, **kw)
+
+    trainer.actor.log_probs = record
+    trainer.fit()
+    rows = _exact_rows(tmp_path / "run")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert all(r["rollout/staleness_token_max"] <= r["rollout/staleness_max"] <= 1 for r in rows)
+    mixed = [bool((b["token_versions"] != b["policy_version"][:, None])[b["response_mask"].bool()].any()) for b in seen]
+    assert any(mixed)  # some rows changed weights mid-response
+    assert all(v is not None for b in seen for v in b["vision"])

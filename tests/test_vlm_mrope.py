@@ -238,11 +238,23 @@ def test_frozen_tower_features_are_kept_across_passes():
         counter.close()
 
 
-def test_tower_uid_is_per_object():
+def test_tower_key_is_per_object_and_counts_weight_loads():
+    """A deep copy is another tower; loading weights into a tower (not into other parameters)
+    moves its generation on, so features cached under its old weights are not read."""
     import copy
 
-    from reinforge.models.vlm_forward import _tower_uid
+    from reinforge.models.vlm_forward import _tower_key, tower_weights_loaded
 
     a = torch.nn.Linear(2, 2)
     b = copy.deepcopy(a)
-    assert _tower_uid(a) == _tower_uid(a) != _tower_uid(b)
+    assert _tower_key(a) == _tower_key(a) != _tower_key(b)
+    assert _tower_key(a)[0] != _tower_key(b)[0]
+    vlm = torch.nn.Module()
+    vlm.model, vlm.head = torch.nn.Module(), torch.nn.Linear(2, 2)
+    vlm.model.visual = a
+    uid, generation = _tower_key(a)
+    tower_weights_loaded(vlm, ["head.weight"])
+    assert _tower_key(a) == (uid, generation)
+    tower_weights_loaded(vlm, ["head.bias", "model.visual.weight"])
+    assert _tower_key(a) == (uid, generation + 1)
+    tower_weights_loaded(torch.nn.Linear(2, 2), ["weight"])  # no tower: nothing to do

@@ -185,7 +185,6 @@ def _write_bad_rows(tmp_path, vlm_data) -> dict[str, str]:
     ("count", "row 1: field 'prompt': the prompt has 2 image placeholder(s)"),
     ("missing", "row 1: field 'images[0]': image file"),
     ("pixels", "row 0: field 'images[0]': image is 56x56 = 3136 pixels > data.max_pixels=3000"),
-    ("packing", "data.packing=true: the training rows have images"),
     ("text_model", "the row has images but the model has no image processor"),
 ])
 def test_sft_refuses_bad_image_rows_before_a_model_loads(case, message, vlm_data, tmp_path, tiny_model_dir,
@@ -194,8 +193,6 @@ def test_sft_refuses_bad_image_rows_before_a_model_loads(case, message, vlm_data
     model, train, extra = vlm_data["model"], bad.get(case, vlm_data["sft_verl"]), {}
     if case == "pixels":
         extra["data.max_pixels"] = 3000
-    elif case == "packing":
-        extra["data.packing"] = True
     elif case == "text_model":
         model = tiny_model_dir
     with pytest.raises((DataError, ConfigError), match=re.escape(message)) as err:

@@ -117,9 +117,7 @@ def test_grpo_step_on_image_prompts(schema, vlm_setup, tmp_path):
 
 @pytest.mark.parametrize("override,key", [
     ({"rollout.backend": "vllm"}, "rollout.backend=vllm"),
-    ({"trainer.backend": "ray"}, "trainer.backend=ray"),
     ({"rollout.max_turns": 2}, "rollout.max_turns=2"),
-    ({"rollout.staleness": 1, "rollout.partial": True}, "rollout.partial=true"),
 ])
 def test_vlm_refusals_before_models_load(override, key, vlm_setup, tmp_path, no_model_loads, monkeypatch):
     import reinforge.workers.rollout as rollouts

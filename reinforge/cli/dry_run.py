@@ -120,7 +120,6 @@ def _stop_text(cfg, tok) -> str:
 def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
     """Run every pre-training check of `command` on `cfg` (raising the run's own errors) and
     return the summary lines."""
-    from reinforge.models.loading import load_tokenizer
     from reinforge.trainers.checkpoint import latest_checkpoint
     from reinforge.trainers.plan import resolve, resolve_supervised
     from reinforge.trainers.run_dir import check_reuse
@@ -136,12 +135,9 @@ def dry_run(command: str, cfg, resume, overwrite: bool) -> list[str]:
     elif resume:
         state += f"; resumes from {resume}"
     m = cfg.model
-    if command in ("train", "sft", "dpo"):  # a vision-language model's rows are read with its processor
-        from reinforge.trainers.rl_setup import load_processing
+    from reinforge.trainers.rl_setup import load_processing
 
-        tok, encoder = load_processing(m)
-    else:
-        tok = encoder = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    tok, encoder = load_processing(m)  # a vision-language model's rows are read with its processor
     rewards = [spec for _, spec, _ in plan.reward_functions]  # (key, spec, style)
     if "reward.reward_model_path" in plan.model_folders:
         rewards.append(f"reward model {plan.model_folders['reward.reward_model_path']}")

@@ -28,7 +28,8 @@ class SFTDataConfig:
     batch_size: int = 64
     """Examples per optimizer step (with packing: rows of packed examples per step)."""
     packing: bool = False
-    """Concatenate examples into rows of max_length tokens; attention never crosses examples."""
+    """Concatenate examples into rows of max_length tokens; attention never crosses examples (image
+    rows too: each keeps its own M-RoPE positions)."""
     seed: int = 1
     """Shuffling seed for the example order."""
     max_pixels: int = 12845056

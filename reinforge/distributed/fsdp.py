@@ -4,7 +4,11 @@ reshards when the number of ranks changes). Full weights stream out one tensor a
 (weights.py); `full_model_state` (rank 0 gets the whole state dict) is for tests.
 
 Each decoder layer is its own FSDP unit (gathered just before it runs, freed after), the root
-holds embeddings, final norm and head.
+holds embeddings, final norm and head, and a vision-language model's vision tower: its encoder
+runs inside the root's forward only for the prompts of a micro-batch not yet encoded (a frozen
+tower's features are kept on the PromptImages, models/vlm_forward.py), a number of calls that
+differs between ranks, so as FSDP units its blocks would all-gather a different number of
+times on each rank and the ranks' collectives would not line up.
 """
 from __future__ import annotations
 
@@ -15,8 +19,13 @@ from torch import nn
 
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """Transformer blocks, found by class name so any HF decoder (Qwen2, Llama, ...) works."""
-    return [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block"))]
+    """Transformer blocks, found by class name so any HF decoder (Qwen2, Llama, ...) works;
+    a vision tower's blocks excepted (module docstring)."""
+    from reinforge.models.loading import vision_tower
+
+    tower = vision_tower(model)
+    inside = {id(m) for m in tower.modules()} if tower is not None else set()
+    return [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block")) and id(m) not in inside]
 
 
 def shard_model(model: nn.Module) -> nn.Module:

@@ -104,9 +104,11 @@ class RankRollout:
         self.group, self.actor = group, actor
 
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
+        from reinforge.workers.rollout.vlm import own_vision
+
         seed = None if greedy else int(torch.randint(0, 2**62, (1,)))
         kwargs = {"n": n, "temperature": temperature, "greedy": greedy}
-        return self.group.generate(prompts, kwargs, seed, self.actor.version)
+        return own_vision(prompts, self.group.generate(prompts, kwargs, seed, self.actor.version))
 
     def sync_weights(self, actor_model) -> None:
         """Nothing here: a rank syncs its engine when the actor's version has moved on."""

@@ -184,8 +184,10 @@ class RayBehaviour:
             return w.generate.remote(prompts.index(list(range(s[1], s[2]))), n, temperature,
                                      None if seed is None else (seed if len(shares) == 1 else prompt_seed(seed, s[0])),
                                      partial)
+        from reinforge.workers.rollout.vlm import own_vision
+
         outs = self._call(shares, call) if refresh is None else self._generate_partial(shares, call, refresh)
-        return Batch.concat(outs) if len(outs) > 1 else outs[0]
+        return own_vision(prompts, Batch.concat(outs) if len(outs) > 1 else outs[0])  # image prompts: the driver's objects
 
     def _generate_partial(self, shares: list, call, refresh) -> list:
         """The shares of one partial generation, relaying the workers' questions (partial.py) to

@@ -40,10 +40,12 @@ def copy_full(sharded: nn.Module, dense: nn.Module) -> None:
             target[name].copy_(t)
 
 
-def _specs(model: nn.Module, hf: bool) -> list[tuple[str, torch.dtype, tuple]]:
+def _specs(model: nn.Module, hf: bool, rename=None) -> list[tuple[str, torch.dtype, tuple]]:
     state = unique_state(model)
     if hf:
-        return [(name, state[keys[0]].dtype, tuple(state[keys[0]].shape)) for name, keys, _ in hf_plan(model)]
+        specs = [(rename(name) if rename else name, state[keys[0]].dtype, tuple(state[keys[0]].shape))
+                 for name, keys, _ in hf_plan(model)]
+        return [s for s in specs if s[0] is not None]
     return [(k, v.dtype, tuple(v.shape)) for k, v in state.items()]
 
 
@@ -63,14 +65,15 @@ def safetensors_header(specs: list[tuple[str, torch.dtype, tuple]], metadata: di
 
 
 def write_safetensors(model: nn.Module, path, *, write: bool, hf: bool = False,
-                      metadata: dict | None = None) -> None:
+                      metadata: dict | None = None, rename=None) -> None:
     """Collective: stream `model`'s full weights into one safetensors file at `path`, written by
     the rank with `write` (the others only take part in the gathers). The header is computed
     from the shards' global shapes first, then each tensor's bytes follow as it is gathered.
     `hf`: Hugging Face names, LoRA merged (hf_tensors); else the state-dict names (what
-    `safetensors.torch.load_model` reads back into the same model)."""
-    specs = _specs(model, hf)
-    tensors = hf_tensors(model) if hf else full_tensors(model)
+    `safetensors.torch.load_model` reads back into the same model). rename (hf only): the
+    file's name of each Hugging Face name, or None for an entry the file leaves out."""
+    specs = _specs(model, hf, rename)
+    tensors = hf_tensors(model, rename) if hf else full_tensors(model)
     f = open(path, "wb") if write else None
     try:
         if f is not None:
@@ -86,12 +89,21 @@ def write_safetensors(model: nn.Module, path, *, write: bool, hf: bool = False,
 
 def save_hf(model: nn.Module, folder, *, write: bool) -> None:
     """Collective: a `from_pretrained` folder's weights (model.safetensors, LoRA merged) and
-    config, written by the rank with `write`; the tokenizer is the caller's."""
+    config, written by the rank with `write`; the tokenizer is the caller's. A VLM's value
+    model (models/vlm_critic.VisionValueModel) is written as its own save_pretrained lays it
+    out, the backbone's weights under the backbone's names and the head apart, so
+    `load_critic` reads it back with its head."""
     from reinforge.models.forward import unwrap_peft
+    from reinforge.models.vlm_critic import HEAD_FILE, VisionValueModel
 
-    write_safetensors(model, f"{folder}/model.safetensors", write=write, hf=True, metadata={"format": "pt"})
+    inner = unwrap_peft(model)
+    if isinstance(inner, VisionValueModel):
+        for file, prefix in (("model.safetensors", "model."), (HEAD_FILE, "score.")):
+            write_safetensors(model, f"{folder}/{file}", write=write, hf=True, metadata={"format": "pt"},
+                              rename=lambda n, p=prefix: n[len(p):] if n.startswith(p) else None)
+    else:
+        write_safetensors(model, f"{folder}/model.safetensors", write=write, hf=True, metadata={"format": "pt"})
     if write:
-        inner = unwrap_peft(model)
         inner.config.save_pretrained(folder)
         if getattr(inner, "generation_config", None) is not None:
             inner.generation_config.save_pretrained(folder)

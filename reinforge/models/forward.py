@@ -121,20 +121,25 @@ def target_logprobs(model, batch: dict[str, torch.Tensor], chunk_size: int | Non
     """Log-probs (N,) of SFT's target tokens, N = loss_mask[:, 1:].sum(): token t+1 where
     loss_mask is 1, predicted from position t. batch: (B, L) input_ids, attention_mask (or a
     packed row's 4D mask), position_ids, loss_mask. Only the target positions go through the
-    LM head (the fused path never builds their (N, V) logits either). vision: a VLM's B
-    PromptImages or None; its positions (M-RoPE) replace batch's position_ids, which needs the
-    (B, L) 0/1 attention_mask of a padded batch (not a packed row's 4D mask)."""
+    LM head (the fused path never builds their (N, V) logits either). vision: a VLM's
+    PromptImages or None, one per row of a padded batch, or (packed rows: a 4D mask and
+    batch["segment"] (B, L)) one per example in row then segment order; its positions
+    (M-RoPE, each example's own) replace batch's position_ids."""
     target = batch["loss_mask"][:, 1:].bool()  # (B, L-1)
     fwd = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
     images = None
     if vision is not None and any(v is not None for v in vision):
-        from reinforge.models.vlm_forward import image_inputs
-
-        if fwd["attention_mask"].dim() != 2:
-            raise ValueError("image rows need a padded (B, L) batch: packed SFT rows (4D masks) are text only")
         # the prompts' placeholders only: a completion that spells `<|image_pad|>` is text
-        fwd["position_ids"], fwd["image_slots"], images = image_inputs(model, fwd["input_ids"], fwd["attention_mask"],
-                                                                       vision)
+        if fwd["attention_mask"].dim() == 2:
+            from reinforge.models.vlm_forward import image_inputs
+
+            fwd["position_ids"], fwd["image_slots"], images = image_inputs(model, fwd["input_ids"],
+                                                                           fwd["attention_mask"], vision)
+        else:  # packed SFT rows: each example's positions computed on it alone, moved into its slots
+            from reinforge.models.packing import packed_example_vision
+
+            fwd["position_ids"], fwd["image_slots"], images = packed_example_vision(model, fwd["input_ids"],
+                                                                                    batch["segment"], vision)
     return token_logprobs(model, fwd, lambda x: x[:, :-1][target], batch["input_ids"][:, 1:][target],
                           fused=fused, chunk_size=chunk_size, images=images)[0]
 
@@ -150,9 +155,13 @@ def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tenso
     """
     T = response_len
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
-    if vision is not None and any(v is not None for v in vision):
-        from reinforge.models.vlm_forward import image_embeds, image_inputs
+    if vision is None or all(v is None for v in vision):
+        return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()
+    from reinforge.models.vlm_forward import image_embeds, image_inputs
 
-        fwd["position_ids"], fwd["image_slots"], images = image_inputs(critic, input_ids, attention_mask, vision)
-        fwd = image_embeds(critic, fwd, images)
-    return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()
+    fwd["position_ids"], fwd["image_slots"], images = image_inputs(critic, input_ids, attention_mask, vision)
+
+    def run(**fwd):  # the embedding and the tower read inside the root's forward (FSDP gathers them)
+        return critic(**image_embeds(critic, fwd, images), use_cache=False).logits
+
+    return as_root_forward(critic, run, **fwd)[:, -T - 1:-1, 0].float()

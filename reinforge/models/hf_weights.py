@@ -53,11 +53,14 @@ def hf_plan(model: nn.Module) -> list[tuple[str, list[str], float]]:
     return plan
 
 
-def hf_tensors(model: nn.Module) -> Iterator[tuple[str, torch.Tensor]]:
+def hf_tensors(model: nn.Module, rename=None) -> Iterator[tuple[str, torch.Tensor]]:
     """(Hugging Face name, full tensor) per hf_plan entry, LoRA merged out of place (fp32, then
-    the weight's dtype); what vLLM's `load_weights` and a `from_pretrained` folder take."""
+    the weight's dtype); what vLLM's `load_weights` and a `from_pretrained` folder take.
+    rename(name) -> the name to give it, or None to leave the entry out (not gathered)."""
     state = unique_state(model)
     for name, keys, scale in hf_plan(model):
+        if rename is not None and (name := rename(name)) is None:
+            continue
         w = full_tensor(state[keys[0]]).detach()
         if len(keys) == 3:
             a, b = (full_tensor(state[k]).detach().float() for k in keys[1:])

@@ -5,8 +5,8 @@ and a sequence-classification reward model.
 A vision-language folder (its config.json has a `vision_config`: Qwen2-VL and kin) loads
 through `AutoModelForImageTextToText` wherever a causal LM is asked for (actor, reference,
 SFT, DPO), its vision tower frozen unless `freeze_vision_tower=False` (model.freeze_vision_tower);
-`load_vlm_processor` gives its processor (models/vlm_processor.py). As a critic it is the
-backbone with a value head (models/vlm_critic.py), its tower frozen alike.
+`load_vlm_processor` gives its processor (models/vlm_processor.py). As a critic or a reward
+model it is the backbone with a scalar head (models/vlm_critic.py), its tower frozen alike.
 
 Each loader takes a local folder or a Hub id (`org/name[@revision]`, resolved to its snapshot in
 the Hugging Face cache by reinforge.models.hub); transformers itself never downloads
@@ -252,10 +252,27 @@ def load_critic(path: str, *, dtype: str = "auto", device: str = "cpu", gradient
 
 def load_reward_model(path: str, *, dtype: str = "auto", device: str = "cpu", trust_remote_code: bool = False,
                       attn_implementation: str = "sdpa", gradient_checkpointing: bool | str = False,
-                      train: bool = False) -> PreTrainedModel:
+                      train: bool = False, freeze_vision_tower: bool = True) -> PreTrainedModel:
     """A sequence classifier with one label (Bradley-Terry reward model): frozen for scoring, or
-    trainable (`train`, reinforge rm: from a causal LM the backbone loads and the head is new)."""
+    trainable (`train`, reinforge rm: from a causal LM the backbone loads and the head is new).
+    A VLM folder gives models/vlm_critic.VisionValueModel with a bias-free head (kept from an
+    earlier reward model, new from a policy; scoring needs a trained one), its vision tower
+    frozen in training unless `freeze_vision_tower=False`."""
     path = _check_folder(path)
+    from reinforge.models.vlm_processor import is_vlm_folder
+
+    if is_vlm_folder(path):
+        from reinforge.models.vlm_critic import HEAD_FILE, load_vlm_reward_model
+
+        if not train and not (Path(path) / HEAD_FILE).is_file():
+            raise ModelLoadError(f"{path!r} is a vision-language model without a reward head ({HEAD_FILE}): "
+                                 "train one with `reinforge rm`")
+        model = load_vlm_reward_model(path, dtype=resolve_dtype(dtype, device), trust_remote_code=trust_remote_code,
+                                      attn_implementation=attn_implementation, load=_from_pretrained)
+        model = _finish(model, device, checkpointing_on(gradient_checkpointing) and train, train)
+        if train and freeze_vision_tower:
+            freeze_vision(model)
+        return model
     model = _from_pretrained(
         AutoModelForSequenceClassification.from_pretrained, path, num_labels=1, dtype=resolve_dtype(dtype, device),
         trust_remote_code=trust_remote_code, attn_implementation=attn_implementation, local_files_only=True)

@@ -201,6 +201,35 @@ def packed_vision(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
             [vision[i] for i in order if vision[i] is not None])
 
 
+def packed_example_vision(model, input_ids: torch.Tensor, segment: torch.Tensor,
+                          vision: list) -> tuple[torch.Tensor, torch.Tensor, list]:
+    """packed_vision for rows already packed (SFT's: examples concatenated, each a segment
+    1, 2, ... of its row, 0 on the padding): (R, C) ids and segments, the E examples'
+    PromptImages (or None) in row then segment order -> positions (4, R, C), image slots (R, C)
+    and the images in slot order. Each example is laid out alone (right-padded, E x Lmax) so its
+    M-RoPE positions and prompt slots are the padded forward's, then moved back into its slots."""
+    R, C = segment.shape
+    spans = []  # (flat start, length) of each example, in row then segment order
+    for r in range(R):
+        segs = segment[r]
+        for s in range(1, int(segs.max()) + 1):
+            cols = (segs == s).nonzero()[:, 0]
+            spans.append((r * C + int(cols[0]), len(cols)))
+    if len(spans) != len(vision):
+        raise ValueError(f"{len(vision)} PromptImages for {len(spans)} packed examples")
+    Lmax = max(n for _, n in spans)
+    col = torch.arange(Lmax, device=segment.device)
+    start = torch.tensor([a for a, _ in spans], device=segment.device)
+    length = torch.tensor([n for _, n in spans], device=segment.device)
+    real = col[None] < length[:, None]  # (E, Lmax)
+    dest = torch.where(real, start[:, None] + col[None], torch.full_like(real, -1, dtype=torch.long))
+    ids = torch.where(real, input_ids.reshape(-1)[dest.clamp(min=0)], torch.zeros_like(dest))
+    text_pos = torch.zeros(R * C, dtype=torch.long, device=segment.device)
+    text_pos[dest[real]] = col.expand_as(dest)[real]  # restart at 0 per example, 0 on pads
+    p = Packed(input_ids, text_pos.view(R, C), dest, int(length.sum()))
+    return packed_vision(model, ids, real.long(), vision, p)
+
+
 def packed_response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor,
                            response_len: int) -> torch.Tensor:
     """Same contract as `forward.response_values` (B, L) -> (B, T), on packed rows."""

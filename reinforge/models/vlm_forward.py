@@ -94,7 +94,8 @@ def encode_images(model, images: list) -> list[torch.Tensor]:
     visual = inner.model.visual
     frozen = not any(p.requires_grad for p in visual.parameters())
     param = next(visual.parameters())
-    key = (_tower_uid(visual), param.dtype, param.device)
+    uid, generation = _tower_key(visual)
+    key = (uid, generation, param.dtype, param.device)
     todo = [v for v in distinct if not (frozen and key in v.features)]
     if todo:
         with torch.set_grad_enabled(torch.is_grad_enabled() and not frozen):
@@ -106,6 +107,8 @@ def encode_images(model, images: list) -> list[torch.Tensor]:
             fresh[id(v)] = torch.cat(feats[k:k + len(v)])
             k += len(v)
             if frozen:
+                for old in [k for k in v.features if k[0] == uid and k[1] != generation]:
+                    del v.features[old]  # this tower's features under weights it no longer has
                 v.features[key] = fresh[id(v)]
     out = {id(v): v.features[key] if frozen else fresh[id(v)] for v in distinct}
     return [out[id(v)] for v in images]
@@ -115,13 +118,30 @@ _UIDS = iter(range(1 << 62))
 _TOWERS: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()
 
 
-def _tower_uid(visual) -> int:
-    """A number naming this vision tower object for as long as it lives: id() may be reused by
-    a later module at the same address, and an attribute would be copied by a deepcopy (the
-    asynchronous producer's model), either of which could read another tower's features."""
+def _tower_key(visual) -> tuple[int, int]:
+    """(uid, generation) of this vision tower object: the uid names it for as long as it lives
+    (id() may be reused by a later module at the same address, and an attribute would be
+    copied by a deepcopy, the asynchronous producer's model, either of which could read another
+    tower's features); the generation counts the times its weights were overwritten in place
+    (`tower_weights_loaded`), so a frozen copy that loads new tower weights encodes anew."""
     if visual not in _TOWERS:
-        _TOWERS[visual] = next(_UIDS)
+        _TOWERS[visual] = (next(_UIDS), 0)
     return _TOWERS[visual]
+
+
+def tower_weights_loaded(model, names) -> None:
+    """Parameters `names` of `model` were just overwritten in place (the asynchronous behaviour
+    copy's load: its tower has no parameter requiring grad, so its features are cached): when
+    one of them is the vision tower's (model.freeze_vision_tower=false trains it), the features
+    cached for the tower's old weights are no longer read. A model without a tower: nothing to do."""
+    visual = getattr(getattr(_inner(model), "model", None), "visual", None)
+    if visual is None:
+        return
+    tower = {id(p) for p in visual.parameters()}
+    params = dict(model.named_parameters())
+    if any(id(params[n]) in tower for n in names if n in params):
+        uid, generation = _tower_key(visual)
+        _TOWERS[visual] = (uid, generation + 1)
 
 
 def vision_token(model) -> int:

@@ -43,7 +43,7 @@ class PromptImages:
 
     def __reduce__(self):
         """Pickled (a checkpoint's rows in flight, trainers/async_rollout.CHUNKS_FILE) without
-        `features`: their keys name towers of this process (vlm_forward._tower_uid), numbers
+        `features`: their keys name towers of this process (vlm_forward._tower_key), numbers
         that another process gives to other towers."""
         return (PromptImages, (self.pixel_values, self.image_grid_thw))
 

@@ -120,7 +120,7 @@ class DPOTrainer(PairTrainer):
     def __init__(self, cfg: DPOConfig, train_dataset=None, eval_dataset=None):
         seed_everything(cfg.trainer.seed)
         # datasets: trainers/inputs.py; a VLM's pairs read with its processor
-        plan, tok, train, val, skipped, self.processor = load_inputs(cfg, train_dataset, eval_dataset, images=True)
+        plan, tok, train, val, skipped, self.processor = load_inputs(cfg, train_dataset, eval_dataset)
         cfg, m = plan.cfg, plan.cfg.model  # the resolved copy
         kw = dict(dtype=m.dtype, device=plan.device, trust_remote_code=m.trust_remote_code,
                   attn_implementation=m.attn_implementation)

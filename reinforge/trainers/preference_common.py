@@ -92,28 +92,23 @@ def load_pairs(plan: SupervisedPlan, tokenizer) -> tuple[PairSubset, PairSubset 
     return PairSubset(train, idx), val, skipped
 
 
-def load_inputs(cfg, train_dataset=None, eval_dataset=None, *, images: bool = False):
+def load_inputs(cfg, train_dataset=None, eval_dataset=None):
     """The plan, tokenizer, training and held-out pairs and the count of skipped training pairs:
     what DPO and RM both start from. The plan is resolved (and trainer.run_dir checked) before
     anything loads; the number of pairs then fixes its total_steps (when it derives from
     epochs). `cfg` is left as it is. train_dataset / eval_dataset, for Python users: a
     datasets.Dataset, a list of dicts or a path, in place of data.train_files / data.val_files
-    (trainers/inputs.py). images (DPO): a vision-language model.path reads the pairs with its
-    processor (trainers/rl_setup.load_processing), so image prompts keep their images. Returns
+    (trainers/inputs.py). A vision-language model.path reads the pairs with its processor
+    (trainers/rl_setup.load_processing), so image prompts keep their images. Returns
     (plan, text tokenizer, train, val, skipped, the processor or None)."""
-    from reinforge.models.loading import load_tokenizer
     from reinforge.trainers.inputs import python_inputs
+    from reinforge.trainers.rl_setup import load_processing
 
     # validate_preference, the model folders' files, the eval reward functions
     plan = resolve_supervised(*python_inputs(cfg, None, train_dataset, eval_dataset))
     m = plan.cfg.model
     check_writable(plan.cfg.trainer.run_dir)  # before any model loads
-    if images:
-        from reinforge.trainers.rl_setup import load_processing
-
-        tok, encoder = load_processing(m)
-    else:
-        tok = encoder = load_tokenizer(m.tokenizer_path or m.path, trust_remote_code=m.trust_remote_code)
+    tok, encoder = load_processing(m)
     train, val, skipped = load_pairs(plan, encoder)
     return plan.with_data(len(train)), tok, train, val, skipped, (encoder if encoder is not tok else None)
 
@@ -144,7 +139,7 @@ class PairTrainer(SingleModelCheckpoints, TrainingLoop):
     `evaluate` and `export`."""
 
     name = "pref"
-    processor = None  # a vision-language model's processor (DPO sets it): the export saves its image processor
+    processor = None  # a vision-language model's processor (DPO and RM set it): the export saves its image processor
 
     def setup(self, plan: SupervisedPlan, tokenizer, train: PairSubset, val: PairSubset | None,
               skipped_rows: int = 0) -> None:

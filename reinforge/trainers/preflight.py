@@ -15,7 +15,8 @@ Files (check_rl_files, check_supervised_files), once the plan is derived:
 3. RL: a teacher's tokenizer against the student's, the agent loop's tools and environment
    imported, and with LoRA every model.lora_target_modules entry naming modules of the weights;
    a vision-language actor (check_vlm_rl) only on the paths that carry its images, its critic a
-   VLM with the same image layout (check_vlm_critic).
+   VLM with the same image layout (check_vlm_critic); a vision-language reward model is refused
+   as reward.reward_model_path (the scorer reads text only).
 """
 from __future__ import annotations
 
@@ -213,6 +214,14 @@ def check_models(cfg, folders: dict) -> None:
     for key in ("reward.reward_model_path", "reward.judge.model_path"):
         if folders.get(key):  # the reward model and the judge read text with their own tokenizers
             check_tokenizer_files(folders[key], key)
+    rm = folders.get("reward.reward_model_path")
+    if rm:
+        from reinforge.models.vlm_processor import is_vlm_folder
+
+        if is_vlm_folder(rm):  # a `reinforge rm` export of a VLM (models/vlm_critic.py)
+            raise ConfigError(f"reward.reward_model_path={rm!r} is a vision-language reward model: the RL reward "
+                              "scorer scores decoded text without the prompt's images; score with a text reward "
+                              "model or reward functions")
 
 
 # vision_config keys that decide how a processor's pixel_values become image tokens: a critic
@@ -252,8 +261,8 @@ def check_vlm_critic(cfg) -> None:
 
 def check_vlm_rl(plan: RunPlan) -> None:
     """A vision-language actor (model.path's config.json has a vision_config) trains only where
-    the prompts' images reach every forward: a local run (synchronous, or asynchronous without
-    partial rollouts), the lean/hf rollout, a single turn, no teacher, a critic that is a VLM
+    the prompts' images reach every forward: a local or Ray run (synchronous, or asynchronous,
+    partial rollouts included), the lean/hf rollout, a single turn, no teacher, a critic that is a VLM
     too (check_vlm_critic). Elsewhere the images would be dropped or the model fail to load
     late, so each is refused here, naming its key."""
     from reinforge.models.vlm_processor import is_vlm_folder
@@ -264,9 +273,7 @@ def check_vlm_rl(plan: RunPlan) -> None:
     r, why = cfg.rollout, f"model.path={cfg.model.path!r} is a vision-language model"
     refused = [
         (r.backend not in ("lean", "hf"), f"rollout.backend={r.backend}", "its engine does not see the images; use lean or hf"),
-        (cfg.trainer.backend != "local", f"trainer.backend={cfg.trainer.backend}", "image prompts train locally only"),
         (plan.teacher_enabled, "teacher.coef != 0", "the teacher does not see the images"),
-        (r.partial, "rollout.partial=true", "a resumed generation re-prefills without the images"),
         (r.max_turns > 1, f"rollout.max_turns={r.max_turns}", "the agent loop does not carry the images"),
     ]
     for bad, key, fix in refused:

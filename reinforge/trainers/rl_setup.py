@@ -204,6 +204,15 @@ def model_skeleton(plan: RunPlan, critic: bool = False):
     config = AutoConfig.from_pretrained(path, trust_remote_code=m.trust_remote_code, local_files_only=True)
     dtype = resolve_dtype(m.dtype, plan.device)
     with torch.device("meta"):
+        if is_vlm_folder(path):  # the classes models/loading.py loads a VLM folder with
+            from transformers import AutoModel, AutoModelForImageTextToText
+
+            from reinforge.models.vlm_critic import VisionValueModel
+
+            if critic:
+                return VisionValueModel(AutoModel.from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code))
+            return with_lora(AutoModelForImageTextToText.from_config(config, dtype=dtype,
+                                                                     trust_remote_code=m.trust_remote_code), m)
         if critic:
             config.num_labels = 1
             return AutoModelForTokenClassification.from_config(config, dtype=dtype, trust_remote_code=m.trust_remote_code)

@@ -10,6 +10,17 @@ equal EOS). By default that token is the response's last one, not the EOS after 
 reward scorer (reinforge.rewards.RewardModelScorer) scores decoded text, which has no EOS.
 The export in run_dir/hf loads with `load_reward_model`, `load_critic` (critic init from an RM)
 and as `reward.reward_model_path` of an RL run.
+
+A vision-language model.path reads the pairs with its processor (TRL's vision preference rows,
+`images` beside prompt/chosen/rejected, or veRL's `<image>` prompts: data/images.py) and trains
+the VLM's backbone with a bias-free scalar head (models/vlm_critic.VisionValueModel, the VLM
+critic's module): a pair's chosen and rejected rows share its prompt's PromptImages (one
+encoding), the score is read as for text with the image features in the prompt's placeholders
+and M-RoPE positions (models/reward_head.last_token_scores with `vision`), and the vision tower
+is frozen unless model.freeze_vision_tower=false. The export (backbone, value_head.safetensors,
+the image processor) loads with `load_reward_model` and as a VLM critic with the head kept; the
+RL reward scorer reads decoded text without the images, so an RL run refuses it as
+reward.reward_model_path (trainers/preflight.py).
 """
 from __future__ import annotations
 
@@ -24,10 +35,12 @@ from reinforge.trainers.preference_common import PairTrainer, load_inputs, pair_
 
 
 def load_rm_for_training(path: str, tokenizer, model_cfg, device: str):
-    """A trainable one-label sequence classifier on the backbone at `path` (head new unless an RM)."""
+    """A trainable one-label sequence classifier on the backbone at `path` (head new unless an RM;
+    a VLM folder's: models/vlm_critic.VisionValueModel, its tower frozen by model.freeze_vision_tower)."""
     model = load_reward_model(path, dtype=model_cfg.dtype, device=device, trust_remote_code=model_cfg.trust_remote_code,
                               attn_implementation=model_cfg.attn_implementation,
-                              gradient_checkpointing=model_cfg.gradient_checkpointing, train=True)
+                              gradient_checkpointing=model_cfg.gradient_checkpointing, train=True,
+                              freeze_vision_tower=model_cfg.freeze_vision_tower)
     # HF's own pooling (used by other tools loading the export) needs the pad id to find the end.
     model.config.pad_token_id = tokenizer.pad_token_id
     model.config.classifier_dropout = 0.0
@@ -37,8 +50,10 @@ def load_rm_for_training(path: str, tokenizer, model_cfg, device: str):
 def sequence_rewards(model, batch: dict, score_eos: bool) -> torch.Tensor:
     """Scalar reward of each row: (2B, L) right-padded batch -> (2B,). Rows end with EOS (the
     dataset appends it); the score is read at the response's last token, the one before it,
-    unless `score_eos` (models.reward_head.last_token_scores, which the RL scorer calls too)."""
-    return last_token_scores(model, batch["input_ids"], batch["attention_mask"], skip_last=0 if score_eos else 1)
+    unless `score_eos` (models.reward_head.last_token_scores, which the RL scorer calls too).
+    Image rows: batch["vision"], the (2B,) PromptImages (a pair's two rows share one)."""
+    return last_token_scores(model, batch["input_ids"], batch["attention_mask"], skip_last=0 if score_eos else 1,
+                             vision=batch.get("vision"))
 
 
 class RMTrainer(PairTrainer):
@@ -46,7 +61,8 @@ class RMTrainer(PairTrainer):
 
     def __init__(self, cfg: RMConfig, train_dataset=None, eval_dataset=None):
         seed_everything(cfg.trainer.seed)  # before the model: the new score head is drawn at random
-        plan, tok, train, val, skipped, _ = load_inputs(cfg, train_dataset, eval_dataset)  # datasets: trainers/inputs.py
+        # datasets: trainers/inputs.py; a VLM's pairs read with its processor (the export saves it)
+        plan, tok, train, val, skipped, self.processor = load_inputs(cfg, train_dataset, eval_dataset)
         m = plan.cfg.model  # the resolved copy
         self.model = load_rm_for_training(m.path, tok, m, plan.device)
         self.setup(plan, tok, train, val, skipped)

@@ -17,8 +17,10 @@ data/images.py) keep their images: each row carries its PromptImages, and the lo
 (forward.target_logprobs) scatters the image features into the prompt's placeholders with
 M-RoPE positions (models/vlm_forward.image_inputs). The vision tower is frozen unless
 model.freeze_vision_tower=false; model.lora_rank > 0 puts LoRA adapters on the language model
-(models/lora.py, for a text model too). Image rows are not packed (data.packing=true is refused
-when the data loads, before the model does).
+(models/lora.py, for a text model too). Image rows pack as text rows do (data.packing): each
+example's positions are its own M-RoPE positions moved into its packed slots, as the packed RL
+forward moves them (models/packing.packed_example_vision), so a packed row's loss equals the
+unpacked examples'.
 """
 from __future__ import annotations
 
@@ -46,19 +48,27 @@ def pack_examples(items: list[dict], max_length: int) -> list[dict]:
     """Greedily concatenate examples (in order) into rows of <= max_length tokens.
 
     Each row: input_ids, loss_mask, position_ids (restarting at 0 per example) and segment
-    (1, 2, ... per example), all lists of the row's length.
+    (1, 2, ... per example), all lists of the row's length; when some example has images,
+    also `vision`: each example's PromptImages (or None), in segment order.
     """
-    rows, cur = [], {"input_ids": [], "loss_mask": [], "position_ids": [], "segment": []}
+    with_images = any(it.get("vision") is not None for it in items)
+
+    def empty() -> dict:
+        return {"input_ids": [], "loss_mask": [], "position_ids": [], "segment": [], **({"vision": []} if with_images else {})}
+
+    rows, cur = [], empty()
     for it in items:
         n = len(it["input_ids"])
         if cur["input_ids"] and len(cur["input_ids"]) + n > max_length:
             rows.append(cur)
-            cur = {"input_ids": [], "loss_mask": [], "position_ids": [], "segment": []}
+            cur = empty()
         seg = (cur["segment"][-1] if cur["segment"] else 0) + 1
         cur["input_ids"] += it["input_ids"]
         cur["loss_mask"] += it["loss_mask"]
         cur["position_ids"] += list(range(n))
         cur["segment"] += [seg] * n
+        if with_images:
+            cur["vision"].append(it.get("vision"))
     if cur["input_ids"]:
         rows.append(cur)
     return rows
@@ -70,7 +80,10 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     Unpacked rows get a 2D padding mask. Packed rows get a 4D (B, 1, L, L) boolean mask: token q
     may attend to token k iff k <= q and both are in the same example; padding is segment 0, so
     every pad query still sees itself (no all-masked softmax row, whose NaN would leak into
-    backward) and real tokens never see pads (they come later).
+    backward) and real tokens never see pads (they come later). Packed rows also give `segment`
+    (B, L) and, with images, `vision`: the examples' PromptImages (or None) in row then segment
+    order (the forward computes each example's M-RoPE positions from them:
+    models/packing.packed_example_vision).
     """
     from reinforge.models.padding import pad
     from reinforge.data.sft import collate_sft
@@ -83,10 +96,13 @@ def collate_rows(rows: list[dict], pad_id: int) -> dict[str, torch.Tensor]:
     L = seg.shape[1]
     causal = torch.ones(L, L, dtype=torch.bool).tril()
     mask4d = (seg[:, :, None] == seg[:, None, :]) & causal  # (B, L, L)
-    return {"input_ids": pad([r["input_ids"] for r in rows], pad_id)[0],
-            "loss_mask": pad([r["loss_mask"] for r in rows], 0)[0],
-            "position_ids": pad([r["position_ids"] for r in rows], 0)[0],
-            "attention_mask": mask4d[:, None]}
+    out = {"input_ids": pad([r["input_ids"] for r in rows], pad_id)[0],
+           "loss_mask": pad([r["loss_mask"] for r in rows], 0)[0],
+           "position_ids": pad([r["position_ids"] for r in rows], 0)[0],
+           "attention_mask": mask4d[:, None], "segment": seg}
+    if "vision" in rows[0]:
+        out["vision"] = [v for r in rows for v in r["vision"]]
+    return out
 
 
 def load_sft_data(plan: SupervisedPlan, tok) -> tuple[list[dict], list[dict], int]:
@@ -108,12 +124,8 @@ def load_sft_data(plan: SupervisedPlan, tok) -> tuple[list[dict], list[dict], in
         return [it for p in parts for it in p], skipped
 
     train, skipped = load(d.train_files, "training rows", "data.train_files")
-    if d.packing and any("vision" in it for it in train):
-        from reinforge.config.load import ConfigError
-
-        raise ConfigError("data.packing=true: the training rows have images, and packed SFT rows are text only "
-                          "(the image features and M-RoPE positions need one row per example); set data.packing=false")
-    # Packing happens once, in file order; the loader then shuffles whole packed rows.
+    # Packing happens once, in file order; the loader then shuffles whole packed rows. Image
+    # rows pack too: each example keeps its PromptImages and its own M-RoPE positions.
     train_rows = pack_examples(train, d.max_length) if d.packing else train
     val_rows, _ = load(d.val_files, "held-out rows", "data.val_files")
     return train_rows, val_rows, skipped

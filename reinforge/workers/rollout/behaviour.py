@@ -115,10 +115,14 @@ class LocalBehaviour:
 
 
 def load_trainable(model, snapshot) -> None:
-    """Copy a snapshot {name: tensor} into `model`'s parameters of the same names."""
+    """Copy a snapshot {name: tensor} into `model`'s parameters of the same names (a VLM whose
+    tower trains: its cached image features are dropped, models/vlm_forward.tower_weights_loaded)."""
     import torch
+
+    from reinforge.models.vlm_forward import tower_weights_loaded
 
     params = dict(model.named_parameters())
     with torch.no_grad():
         for name, value in snapshot.items():
             params[name].copy_(value)
+    tower_weights_loaded(model, snapshot.keys())

@@ -26,8 +26,9 @@ parameters, LoRA layers included, are used: nothing to copy or sync), with:
   caller has loaded its weights into the module), the KV cache of the rows still decoding is
   recomputed under the new weights (one prefill of prompt + the t tokens so far), so every
   later token's recorded log-prob is exactly the new version's, as the trainer will score it;
-  keeping the old cache would make those log-probs a mix of two policies. `token_versions`
-  (B, T) records the version that sampled each token.
+  keeping the old cache would make those log-probs a mix of two policies (image prompts: the
+  re-prefill takes the prompt's image features and M-RoPE positions, workers/rollout/vlm.py).
+  `token_versions` (B, T) records the version that sampled each token.
 Qwen2 / Qwen3 / Llama configs with full attention only (their decoder layers share one call
 signature), and Qwen2-VL's language model (image prompts: the prefill takes the prompt's
 embeddings with the image features and M-RoPE positions, workers/rollout/vlm.py); other
@@ -281,8 +282,6 @@ class LeanRollout(HFRollout):
         rows = torch.arange(B, device=dev)  # the output row of each row still decoding
         eos = torch.as_tensor(self.eos_ids, device=dev)
         partial = self._partial
-        if partial is not None and vision is not None:  # _prefill_again has no image embeddings / M-RoPE
-            raise ValueError("rollout.partial=true does not take image prompts yet; set rollout.partial=false")
         versions = torch.full((B, T), -1, dtype=torch.long) if partial is not None else None
         # Large vocabularies: the logits and the sampler's CDF in two (B, V) buffers kept for the loop.
         big = logits.shape[-1] >= LARGE_VOCAB
@@ -291,7 +290,8 @@ class LeanRollout(HFRollout):
             if partial is not None and t > 0 and (v := partial[0](t)) is not None:
                 partial[1] = v  # new weights: recompute the cache of the rows still decoding under them
                 cache, logits = self._prefill_again(backbone, head, ids[rep[rows]], resp[rows, :t],
-                                                    keys[:, :P + t], dtype, S)
+                                                    keys[:, :P + t], dtype, S,
+                                                    None if vision is None else [vision[i] for i in rep[rows].tolist()])
             if versions is not None:
                 versions[rows.cpu(), t] = partial[1]
             tok, lp = self._pick(logits, greedy, sampling, work)
@@ -314,9 +314,13 @@ class LeanRollout(HFRollout):
             partial[2].append(versions)
         return resp.cpu(), logps.cpu()
 
-    def _prefill_again(self, backbone, head, prompt_ids, generated, keys, dtype, S):
+    def _prefill_again(self, backbone, head, prompt_ids, generated, keys, dtype, S, vision=None):
         """A fresh cache for b rows: prompt_ids (b, P) + generated (b, t) under the current weights,
-        keys (b, P + t) the attended positions -> (cache at P + t, next logits (b, V))."""
+        keys (b, P + t) the attended positions -> (cache at P + t, next logits (b, V)). vision:
+        the b rows' PromptImages (a VLM's image prompts, or None): the prompt's image features
+        (encoded by the current tower) in its placeholders and M-RoPE positions, as the trainer's
+        forward builds them (workers/rollout/vlm.refill_inputs), so a token sampled after the
+        switch has the new weights' log-prob whatever the image."""
         cfg, dev = backbone.config, prompt_ids.device
         seq = torch.cat([prompt_ids, generated], dim=1)
         L = seq.shape[1]
@@ -325,5 +329,10 @@ class LeanRollout(HFRollout):
         cache = StaticCache.empty(cfg.num_hidden_layers, kv_shape, dtype, dev)
         causal = torch.ones(L, L, dtype=torch.bool, device=dev).tril()
         mask = (causal & keys[:, None, :]) | torch.eye(L, dtype=torch.bool, device=dev)
-        pos = (keys.long().cumsum(-1) - 1).clamp(min=0)
-        return cache, self._forward(backbone, head, seq, pos, mask[:, None], cache)
+        if vision is None:
+            pos = (keys.long().cumsum(-1) - 1).clamp(min=0)
+            return cache, self._forward(backbone, head, seq, pos, mask[:, None], cache)
+        from reinforge.workers.rollout.vlm import refill_inputs
+
+        embeds, pos = refill_inputs(self.model, seq, keys, vision)
+        return cache, self._forward(backbone, head, seq, pos, mask[:, None], cache, embeds)
