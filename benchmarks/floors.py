@@ -6,7 +6,7 @@ they put under a GRPO step's stages (benchmarks/vs_trl.py prints them next to th
 - bandwidth: bytes/s of summing a 1 GiB fp32 tensor (a read-only stream, what decoding does
   to its weights), best of 5;
 - matmul peak at a shape: FLOP/s of (m, hidden) @ (hidden, inter), best of 5 (after a warm-up),
-  in fp32 and bf16: m = rows at the decode shape (one token of every row), m = tokens at the
+  the better of torch.mm and oneDNN's prepacked product, in fp32 and bf16: m = rows at the decode shape (one token of every row), m = tokens at the
   update shape (every token of the batch);
 - generation floor, per response token: max(weight bytes / bandwidth, 2 N rows / decode peak)
   in the precision it decodes in; update floor: 6 N tokens / update peak (forward + backward);
@@ -39,7 +39,13 @@ def bandwidth() -> float:
 
 
 def matmul_peak(m: int, k: int, n: int, dtype: torch.dtype) -> float:
-    """FLOP/s of (m, k) @ (k, n) in `dtype`, best of 5 (repeated to ~>= 20 ms per timing)."""
+    """FLOP/s of (m, k) @ (k, n) in `dtype`, best of 5 (repeated to ~>= 20 ms per timing), the
+    better of torch.mm and, on a CPU with oneDNN, the product with the weight reordered once
+    into oneDNN's layout (the lean decode loop's kernel, workers/rollout/packed_linears.py: in
+    fp32 it runs ~2x the BLAS at the decode shape here, so a floor from torch.mm alone would
+    sit above what the loop achieves)."""
+    from reinforge.workers.rollout import packed_linears
+
     g = torch.Generator().manual_seed(0)
     a = torch.randn(m, k, generator=g).to(dtype)
     b = torch.randn(k, n, generator=g).to(dtype)
@@ -49,7 +55,16 @@ def matmul_peak(m: int, k: int, n: int, dtype: torch.dtype) -> float:
         for _ in range(reps):
             torch.mm(a, b)
 
-    return 2 * m * k * n * reps / _best(run)
+    best = _best(run)
+    if packed_linears.available():
+        w = torch.ops.mkldnn._reorder_linear_weight(b.t().contiguous(), m)
+
+        def run_packed():
+            for _ in range(reps):
+                torch.ops.mkldnn._linear_pointwise(a, w, None, "none", [], "")
+
+        best = min(best, _best(run_packed))
+    return 2 * m * k * n * reps / best
 
 
 def measure(hidden: int, inter: int, rows: int, tokens: int) -> dict:
