@@ -43,10 +43,35 @@ def test_sft_runs_to_the_cap_without_the_rule_and_is_deterministic(shapes):
 
 
 def test_sft_stops_at_the_first_check_reaching_the_threshold(shapes, monkeypatch):
-    accs = iter([0.3, 0.5, 0.9])
-    monkeypatch.setattr(demo_vision_sft, "greedy_accuracy", lambda *a, **k: next(accs))
+    scores = iter([(0.3, 0.3), (0.5, 0.3), (0.9, 0.3)])
+    monkeypatch.setattr(demo_vision_sft, "dev_scores", lambda *a, **k: next(scores))
     out = _sft(shapes, max_steps=10, stop_acc=0.45)
     assert out["steps"] == 4 and out["dev_acc"] == 0.5 and [h["dev_acc"] for h in out["history"]] == [0.3, 0.5]
+
+
+def test_sft_stop_also_needs_the_answers_probability(shapes, monkeypatch):
+    # greedy past the threshold while the answer's mean probability is at chance: keep going
+    scores = iter([(0.5, 0.21), (0.45, 0.24), (0.6, 0.31), (0.9, 0.5)])
+    monkeypatch.setattr(demo_vision_sft, "dev_scores", lambda *a, **k: next(scores))
+    out = _sft(shapes, max_steps=10, stop_acc=0.4, stop_prob=0.25)
+    assert out["steps"] == 6 and (out["dev_acc"], out["dev_prob"]) == (0.6, 0.31)
+    assert [h["dev_prob"] for h in out["history"]] == [0.21, 0.24, 0.31]
+
+
+def test_dev_scores_are_the_argmax_and_the_answers_probability(shapes):
+    files, model, proc = shapes
+    import torch
+
+    rows = load_rows(files["test"])
+    enc, answers = demo_vision_sft.encode_rows(proc, rows)
+    digits = torch.tensor([proc.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
+    with torch.no_grad():
+        logits = model(**{k: enc[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw",
+                                               "mm_token_type_ids")}).logits[:, -1]
+    probs = logits.softmax(-1)[torch.arange(len(rows)), digits[answers]]
+    acc, prob = demo_vision_sft.dev_scores(model, enc, answers, digits, chunk=3)
+    assert acc == demo_vision_sft.greedy_accuracy(model, enc, answers, digits)
+    assert prob == pytest.approx(float(probs.mean()), abs=1e-6) and 0 < prob < 1
 
 
 def test_greedy_accuracy_scores_the_answer_token(shapes):

@@ -9,9 +9,11 @@ random-init vision-language model learns to count red shapes in pictures, SFT th
               but has no hook to stop on a held-out metric), with the settings of
               presets/demo_count_shapes_sft.yaml, stopped at the first check (every CHECK_EVERY
               steps) whose greedy accuracy on DEV_PROMPTS RL prompts (never the held-out ones)
-              reaches STOP_ACC -> the base (out/sft/hf)
-    4. rl     GRPO (presets/demo_count_shapes_grpo.yaml) from the base, validated on the held-out
-              prompts before its first step (= the base) and after its last
+              reaches STOP_ACC and whose mean probability of the answer reaches STOP_PROB
+              -> the base (out/sft/hf)
+    4. rl     GRPO (presets/demo_count_shapes_grpo.yaml, the vision tower trained too) from the
+              base, validated on the held-out prompts before its first step (= the base), every
+              trainer.val_every steps and after its last
 
 `--text-only` is the control: the same run with every picture (SFT, RL and test rows) replaced by
 a blank white one of the same size, so the prompts are the same tokens but carry no information;
@@ -33,7 +35,8 @@ QUICK_TASK = {"n_train": 16, "n_test": 8, "n_sft": 32}
 # (4 merged image tokens).
 MODEL = {"hidden_size": 128, "num_layers": 2, "num_heads": 4, "num_kv_heads": 2, "intermediate_size": 384,
          "vision_embed_dim": 64, "min_pixels": 56 * 56, "max_pixels": 56 * 56}
-DEV_PROMPTS, CHECK_EVERY, STOP_ACC = 200, 10, 0.4
+# STOP_PROB: clearly above chance (0.2) in what sampling gets right, not only in the argmax
+DEV_PROMPTS, CHECK_EVERY, STOP_ACC, STOP_PROB = 200, 10, 0.4, 0.25
 QUICK_SFT = ["trainer.total_steps=3", "optim.warmup_steps=0", "data.batch_size=8"]
 QUICK_RL = ["trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4", "rollout.val_n=2",
             "trainer.pass_k=[1,2]", "data.max_val_samples=8", "trainer.log_samples_every=1"]
@@ -74,7 +77,7 @@ def make_inputs(out: Path, quick: bool, seed: int, text_only: bool) -> tuple[dic
 
 def run_sft_stage(out: Path, paths: dict, seed: int, extra: list[str]) -> tuple[Path, dict]:
     """SFT of out/model (presets/demo_count_shapes_sft.yaml + `extra`) until the stop rule;
-    the base in out/sft/hf. -> (base folder, {"steps", "dev_acc", "history"})."""
+    the base in out/sft/hf. -> (base folder, {"steps", "dev_acc", "dev_prob", "history"})."""
     import shutil
 
     import torch
@@ -93,7 +96,7 @@ def run_sft_stage(out: Path, paths: dict, seed: int, extra: list[str]) -> tuple[
     result = run_vision_sft(model, processor, load_rows(paths["sft"]), load_rows(paths["dev"]), lr=cfg.optim.lr,
                             warmup_steps=cfg.optim.warmup_steps, batch_size=cfg.data.batch_size,
                             max_steps=cfg.trainer.total_steps, check_every=CHECK_EVERY, stop_acc=STOP_ACC,
-                            seed=cfg.data.seed)
+                            stop_prob=STOP_PROB, seed=cfg.data.seed)
     run_dir = out / "sft"
     if run_dir.exists():
         shutil.rmtree(run_dir)  # replaces a previous demo's SFT stage
@@ -127,7 +130,8 @@ def format_table(report: dict) -> str:
             lines.append(f"{k:<24}{b[k]:>10.3f}{r[k]:>10.3f}{r[k] - b[k]:>+10.3f}")
     bb, rb = report["blank_image"]["base"], report["blank_image"]["rl"]
     lines.append(f"{'blank-image greedy':<24}{bb:>10.3f}{rb:>10.3f}{rb - bb:>+10.3f}")
-    lines.append(f"\nSFT stopped at step {report['sft']['steps']} (dev greedy {report['sft']['dev_acc']:.3f})")
+    lines.append(f"\nSFT stopped at step {report['sft']['steps']} (dev greedy {report['sft']['dev_acc']:.3f}, "
+                 f"p(answer) {report['sft']['dev_prob']:.3f})")
     lines += [f"time {stage:<17}{secs:>9.1f}s" for stage, secs in report["time_s"].items()]
     return "\n".join(lines)
 
@@ -157,7 +161,7 @@ def run_vision_demo(args, threads: int) -> int:
     times["total_cpu"] = time.process_time() - cpu0
     report = {"task": task, "seed": args.seed, "quick": args.quick, "text_only": text_only, "torch_threads": threads,
               "base": val_metrics(before), "rl": val_metrics(final), "blank_image": blank,
-              "sft": {k: sft[k] for k in ("steps", "dev_acc")}, "time_s": times, "base_model": str(base),
+              "sft": {k: sft[k] for k in ("steps", "dev_acc", "dev_prob")}, "time_s": times, "base_model": str(base),
               "rl_run_dir": str(out / "grpo"), "rl_model": str(out / "grpo" / "hf")}
     report["delta_acc_greedy"] = report["rl"]["acc_greedy"] - report["base"]["acc_greedy"]
     (out / "demo_report.json").write_text(json.dumps(report, indent=2))

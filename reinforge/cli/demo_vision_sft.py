@@ -12,10 +12,14 @@ every picture the same size, so all rows encode to the same length and no paddin
 The stop rule (why it exists: a tiny random-init VLM sits at chance for a while and then learns
 the task within ~100 steps, at a step that varies by seed, so a fixed SFT length gives a base
 anywhere from chance to 100%, benchmarks/studies/vlm_feasibility.py): every `check_every` steps
-the greedy answer token (argmax of the first response position) is scored on `dev` rows, and SFT
-stops at the first check whose accuracy reaches `stop_acc`, or at `max_steps`. The dev rows are
-RL prompts, never the held-out test prompts; the rule is deterministic for a seed (fixed data
-order, fixed init, one thread).
+the first response position is scored on `dev` rows, both its greedy answer token (argmax) and
+the mean probability of the answer's digit (what sampling at T=1 gets right), and SFT stops at
+the first check whose accuracy reaches `stop_acc` and whose probability reaches `stop_prob`, or
+at `max_steps`. The probability is there because at the onset the argmax runs ahead of the
+probabilities: an argmax over five nearly equal ones can be right 41% of the time while the
+answer gets 21% (chance), a base GRPO gained nothing from (docs/demo.md, "The visual demo").
+The dev rows are RL prompts, never the held-out test prompts; the rule is deterministic for a
+seed (fixed data order, fixed init, one thread).
 """
 from __future__ import annotations
 
@@ -61,27 +65,38 @@ def _rows_of(enc, idx):
             "image_grid_thw": enc["image_grid_thw"][idx], "mm_token_type_ids": enc["mm_token_type_ids"][idx]}
 
 
-def greedy_accuracy(model, enc, answers, digit_ids, chunk: int = 100) -> float:
-    """Share of rows whose greedy first response token is the answer's digit."""
+def dev_scores(model, enc, answers, digit_ids, chunk: int = 100) -> tuple[float, float]:
+    """(share of rows whose greedy first response token is the answer's digit, mean probability
+    of that digit at the first response position) over the rows of `enc`, answers (N,)."""
     import torch
 
     was_training = model.training
     model.eval()
-    correct = 0
+    correct, prob = 0, 0.0
     with torch.no_grad():
         for s in range(0, len(answers), chunk):
             idx = torch.arange(s, min(s + chunk, len(answers)))
-            logits = model(**_rows_of(enc, idx)).logits[:, -1]
-            correct += int((logits.argmax(-1) == digit_ids[answers[idx]]).sum())
+            logits = model(**_rows_of(enc, idx)).logits[:, -1].float()  # (k, V)
+            target = digit_ids[answers[idx]]  # (k,)
+            correct += int((logits.argmax(-1) == target).sum())
+            prob += float(logits.softmax(-1).gather(-1, target[:, None]).sum())
     model.train(was_training)
-    return correct / max(len(answers), 1)
+    n = max(len(answers), 1)
+    return correct / n, prob / n
+
+
+def greedy_accuracy(model, enc, answers, digit_ids, chunk: int = 100) -> float:
+    """Share of rows whose greedy first response token is the answer's digit."""
+    return dev_scores(model, enc, answers, digit_ids, chunk)[0]
 
 
 def run_vision_sft(model, processor, train_rows: list[dict], dev_rows: list[dict], *, lr: float, warmup_steps: int,
-                   batch_size: int, max_steps: int, check_every: int, stop_acc: float, seed: int, log=print) -> dict:
+                   batch_size: int, max_steps: int, check_every: int, stop_acc: float, seed: int,
+                   stop_prob: float = 0.0, log=print) -> dict:
     """SFT of `model` on `train_rows` (AdamW at `lr` after a linear warmup, `batch_size` rows a
     step drawn by a Random(seed)) until the stop rule (module docstring; stop_acc 0: run
-    max_steps); returns {"steps", "dev_acc", "history": [{"step", "loss", "dev_acc"}]}."""
+    max_steps); returns {"steps", "dev_acc", "dev_prob", "history": [{"step", "loss", "dev_acc",
+    "dev_prob"}]}."""
     import torch
 
     tok = processor.tokenizer
@@ -92,7 +107,7 @@ def run_vision_sft(model, processor, train_rows: list[dict], dev_rows: list[dict
     params = [p for p in model.parameters() if p.requires_grad]
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     rng = random.Random(seed)
-    history, acc, step, t0 = [], 0.0, 0, time.perf_counter()
+    history, acc, prob, step, t0 = [], 0.0, 0.0, 0, time.perf_counter()
     model.train()
     while step < max_steps:
         step += 1
@@ -112,9 +127,10 @@ def run_vision_sft(model, processor, train_rows: list[dict], dev_rows: list[dict
         torch.nn.utils.clip_grad_norm_(params, 1.0)
         opt.step()
         if step % check_every == 0 or step == max_steps:
-            acc = greedy_accuracy(model, dev_enc, dev_answers, digit_ids)
-            history.append({"step": step, "loss": loss.item(), "dev_acc": acc})
-            log(f"sft step {step}: loss {loss.item():.3f}, dev greedy {acc:.3f} ({time.perf_counter() - t0:.0f} s)")
-            if stop_acc > 0 and acc >= stop_acc:
+            acc, prob = dev_scores(model, dev_enc, dev_answers, digit_ids)
+            history.append({"step": step, "loss": loss.item(), "dev_acc": acc, "dev_prob": prob})
+            log(f"sft step {step}: loss {loss.item():.3f}, dev greedy {acc:.3f}, p(answer) {prob:.3f} "
+                f"({time.perf_counter() - t0:.0f} s)")
+            if stop_acc > 0 and acc >= stop_acc and prob >= stop_prob:
                 break
-    return {"steps": step, "dev_acc": acc, "history": history}
+    return {"steps": step, "dev_acc": acc, "dev_prob": prob, "history": history}
