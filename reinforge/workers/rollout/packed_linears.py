@@ -65,6 +65,8 @@ def packed_linears(model, rows: int, enabled: bool = True):
                 w = getattr(module, "weight", None)
                 if not isinstance(module, torch.nn.Linear) or w is None or w.dtype not in (torch.bfloat16, torch.float32):
                     continue
+                if type(w.detach()) is not torch.Tensor:  # a sharded (DTensor) weight: its own forward
+                    continue
                 key = (w.data_ptr(), w.dtype, tuple(w.shape))
                 if key not in packs:
                     packs[key] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
