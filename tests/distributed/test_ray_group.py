@@ -57,22 +57,11 @@ def _close(a: torch.Tensor, b: torch.Tensor, m: torch.Tensor) -> float:
     return float((a - b)[m.bool()].abs().max())
 
 
-@pytest.mark.parametrize("fused, packing", [(False, False), (True, False), (True, True)])
-def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tmp_path, fused, packing):
-    """Log-probs, values, the gradient at every optimizer step of the PPO updates and their
-    metrics agree, and the weights pulled from the ranks then equal the local worker's (which
-    stepped with the ranks' gradients); with the fused log-prob path too (padded and packed
-    rows), whose LM-head read FSDP gathers through the root's registered forward method."""
-    from reinforge.distributed.group import WorkerDiedError
-    from reinforge.trainers.rl_setup import build_ray_workers, build_workers
-
-    opts = {"model.fused_logprobs": fused, "model.use_packing": packing}
-    local_plan = _plan(tiny_model_dir, arith_data, str(tmp_path / "l"), **opts)
-    seed_everything(local_plan.cfg.trainer.seed)
-    local = build_workers(local_plan)
-    remote, group = build_ray_workers(_plan(tiny_model_dir, arith_data, str(tmp_path / "r"),
-                                           **{"trainer.backend": "ray", "trainer.devices_per_node": 2, **opts}))
-    batch = _batch(local.actor_model.config.vocab_size)
+def assert_ranks_match_one_process(local, remote, group, batch) -> dict[str, dict]:
+    """The local workers and the Ray ranks on `batch`: actor and reference log-probs and critic
+    values within TOL; then each role's update (critic, actor; shuffled mini-batches x epochs):
+    the same optimizer steps, the same metrics and, gathered to rank 0, the same weights.
+    -> {role: the ranks' full state after its update}."""
     m = batch["response_mask"]
     lp_l, lp_r = local.actor.log_probs(batch), remote.actor.log_probs(batch)
     assert _close(lp_l["old_log_probs"], lp_r["old_log_probs"], m) <= TOL
@@ -81,7 +70,8 @@ def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tm
     v_l, v_r = local.critic.values(batch), remote.critic.values(batch)
     assert _close(v_l["values"], v_r["values"], m) <= TOL
     batch = batch | lp_l.select(["old_log_probs"]) | v_l
-    for role in ("critic", "actor"):  # shuffled mini-batches x 2 epochs, micro-batches of 2
+    states = {}
+    for role in ("critic", "actor"):
         # The gradient of every optimizer step is compared, not the weights after AdamW (see
         # tests/grad_check.py): the ranks record theirs, then the local worker steps with them.
         group.get([r.__ray_call__.remote(_record_on_rank, role) for r in group.ranks])
@@ -103,6 +93,28 @@ def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tm
         diff = max(float((local_state[k] - v).abs().max()) for k, v in full.items())
         print(f"{role}: max |w_2ranks - w_1rank| = {diff:.2e}")
         assert diff <= TOL
+        states[role] = full
+    return states
+
+
+
+@pytest.mark.parametrize("fused, packing", [(False, False), (True, False), (True, True)])
+def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tmp_path, fused, packing):
+    """Log-probs, values, the gradient at every optimizer step of the PPO updates and their
+    metrics agree, and the weights pulled from the ranks then equal the local worker's (which
+    stepped with the ranks' gradients); with the fused log-prob path too (padded and packed
+    rows), whose LM-head read FSDP gathers through the root's registered forward method."""
+    from reinforge.distributed.group import WorkerDiedError
+    from reinforge.trainers.rl_setup import build_ray_workers, build_workers
+
+    opts = {"model.fused_logprobs": fused, "model.use_packing": packing}
+    local_plan = _plan(tiny_model_dir, arith_data, str(tmp_path / "l"), **opts)
+    seed_everything(local_plan.cfg.trainer.seed)
+    local = build_workers(local_plan)
+    remote, group = build_ray_workers(_plan(tiny_model_dir, arith_data, str(tmp_path / "r"),
+                                           **{"trainer.backend": "ray", "trainer.devices_per_node": 2, **opts}))
+    batch = _batch(local.actor_model.config.vocab_size)
+    assert_ranks_match_one_process(local, remote, group, batch)
 
     os.kill(group.pids()[1], signal.SIGKILL)
     with pytest.raises(WorkerDiedError, match=r"rank 1 of 2 .*died.*--resume"):

@@ -19,10 +19,8 @@ from reinforge.protocol import Batch  # noqa: E402
 from reinforge.seeding import seed_everything  # noqa: E402
 from reinforge.trainers.plan import plan_rl  # noqa: E402
 from tests.conftest import rl_overrides  # noqa: E402
-from tests.distributed.test_ray_group import _close, _full_state, _record_on_rank, _recorded  # noqa: E402
-from tests.grad_check import assert_same_steps, record_steps  # noqa: E402
+from tests.distributed.test_ray_group import assert_ranks_match_one_process  # noqa: E402
 
-TOL = 1e-5
 
 
 @pytest.fixture(scope="module")
@@ -88,28 +86,9 @@ def test_two_ranks_equal_one_process_on_image_prompts(ray_cluster, vlm_files, tm
     remote, group = build_ray_workers(plan("r", **{"trainer.backend": "ray", "trainer.devices_per_node": 2}))
     try:
         batch = _image_batch(model)
-        m = batch["response_mask"]
-        lp_l, lp_r = local.actor.log_probs(batch), remote.actor.log_probs(batch)
-        assert _close(lp_l["old_log_probs"], lp_r["old_log_probs"], m) <= TOL
-        assert _close(local.reference.log_probs(batch)["ref_log_probs"],
-                      remote.reference.log_probs(batch)["ref_log_probs"], m) <= TOL
-        v_l, v_r = local.critic.values(batch), remote.critic.values(batch)
-        assert _close(v_l["values"], v_r["values"], m) <= TOL
-        batch = batch | lp_l.select(["old_log_probs"]) | v_l
-        for role in ("critic", "actor"):
-            group.get([r.__ray_call__.remote(_record_on_rank, role) for r in group.ranks])
-            mr = getattr(remote, role).update(batch)
-            g_r = group.get([group.ranks[0].__ray_call__.remote(_recorded)])[0]
-            worker = getattr(local, role)
-            g_l = record_steps(worker.opt, worker.params, replay=g_r)
-            ml = worker.update(batch)
-            assert len(g_r) >= 2
-            assert_same_steps(g_l, g_r)
-            for k in ml:
-                assert abs(ml[k] - mr[k]) <= TOL * max(1.0, abs(ml[k])), (k, ml[k], mr[k])
-            full = group.get([r.__ray_call__.remote(_full_state, role) for r in group.ranks])[0]
+        states = assert_ranks_match_one_process(local, remote, group, batch)
+        for role, full in states.items():
             local_state = getattr(local, f"{role}_model").state_dict()
-            assert max(float((local_state[k] - v).abs().max()) for k, v in full.items()) <= TOL
             init = {k: v for k, v in local_state.items() if "visual" in k}
             assert init and all(torch.equal(full[k], v) for k, v in init.items() if k in full)
             if role == "critic":
