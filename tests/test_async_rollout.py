@@ -365,6 +365,26 @@ def test_deterministic_schedule_resumes_bit_exactly(tiny_model_dir, arith_data, 
 
 # ---- partial rollouts ------------------------------------------------------------------------
 
+
+def switching_policy(engine, base: dict, **kw):
+    """A LocalBehaviour on `engine` at version 0 (`base`, the trainable weights), two noisier
+    versions of them, and a refresh that switches to version 1 at response position 2 and to
+    version 2 at position 4 -> (policy, the three weight dicts, refresh)."""
+    g = torch.Generator().manual_seed(0)
+    weights = [base] + [{k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(2)]
+    policy = LocalBehaviour(engine, seed=0, **kw)
+    assert policy.partial_ok
+    policy.load(0, None)
+
+    def refresh(t: int):
+        if t in (2, 4):
+            policy.load(t // 2, weights[t // 2])
+            return t // 2
+        return None
+
+    return policy, weights, refresh
+
+
 def test_partial_rollout_tokens_are_sampled_by_their_stamped_version(tiny_model_dir):
     """Weights swapped at positions 2 and 4 (versions 0 -> 1 -> 2): each token's recorded log-prob
     equals a full forward of the weights its token_versions names (1e-5, fp32), and a row that
@@ -377,19 +397,9 @@ def test_partial_rollout_tokens_are_sampled_by_their_stamped_version(tiny_model_
 
     tok = build_char_tokenizer()
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir).float()
-    g = torch.Generator().manual_seed(0)
     base = {k: p.detach().clone() for k, p in model.named_parameters()}
-    weights = [base] + [{k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(2)]
     engine = LeanRollout(model, tok, max_prompt_length=8, max_response_length=6)
-    policy = LocalBehaviour(engine, seed=0, copy_model=False)
-    assert policy.partial_ok
-    policy.load(0, None)
-
-    def refresh(t: int):
-        if t in (2, 4):
-            policy.load(t // 2, weights[t // 2])
-            return t // 2
-        return None
+    policy, weights, refresh = switching_policy(engine, base, copy_model=False)
 
     prompts = Batch({"uid": torch.arange(3)}, {"prompt_ids": [tok.encode(s) for s in ("1+2=", "33+4=", "7=")]})
     batch = policy.generate(prompts, n=2, temperature=1.0, seed=5, refresh=refresh)

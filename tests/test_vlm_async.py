@@ -83,26 +83,16 @@ def test_partial_rollout_on_image_prompts_samples_each_token_by_its_stamped_vers
     from reinforge.models.loading import load_causal_lm, load_vlm_processor
     from reinforge.models.vlm_inputs import encode_prompt
     from reinforge.protocol import Batch
-    from reinforge.workers.rollout.behaviour import LocalBehaviour
     from reinforge.workers.rollout.lean import LeanRollout
+    from tests.test_async_rollout import switching_policy
 
     model_dir = vlm_setup[0]
     actor = load_causal_lm(model_dir, dtype="float32", freeze_vision_tower=tower == "frozen")
     proc = load_vlm_processor(model_dir)
-    g = torch.Generator().manual_seed(0)
     base = {k: p.detach().clone() for k, p in actor.named_parameters() if p.requires_grad}  # the trainable snapshot
     assert any("visual" in k for k in base) == (tower == "trained")
-    weights = [base] + [{k: v + 0.05 * torch.randn(v.shape, generator=g) for k, v in base.items()} for _ in range(2)]
     engine = LeanRollout(actor, proc.tokenizer, max_prompt_length=64, max_response_length=6)
-    policy = LocalBehaviour(engine, seed=0)  # a deep copy with requires_grad off
-    assert policy.partial_ok
-    policy.load(0, None)
-
-    def refresh(t: int):
-        if t in (2, 4):
-            policy.load(t // 2, weights[t // 2])
-            return t // 2
-        return None
+    policy, weights, refresh = switching_policy(engine, base)  # a deep copy with requires_grad off
 
     ids, vision = [], []
     for i, (size, text) in enumerate([(56, "How many?"), (84, "Count the red shapes."), (56, "x")]):
