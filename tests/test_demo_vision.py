@@ -58,7 +58,9 @@ def test_sft_stop_also_needs_the_answers_probability(shapes, monkeypatch):
     assert [h["dev_prob"] for h in out["history"]] == [0.21, 0.24, 0.31]
 
 
-def test_dev_scores_are_the_argmax_and_the_answers_probability(shapes):
+def _by_hand(shapes):
+    """The test rows encoded, their answers (N,), the digit ids and the model's own first-response
+    logits (N, V), from one forward of the whole batch."""
     files, model, proc = shapes
     import torch
 
@@ -68,24 +70,25 @@ def test_dev_scores_are_the_argmax_and_the_answers_probability(shapes):
     with torch.no_grad():
         logits = model(**{k: enc[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw",
                                                "mm_token_type_ids")}).logits[:, -1]
-    probs = logits.softmax(-1)[torch.arange(len(rows)), digits[answers]]
-    acc, prob = demo_vision_sft.dev_scores(model, enc, answers, digits, chunk=3)
-    assert acc == demo_vision_sft.greedy_accuracy(model, enc, answers, digits)
-    assert prob == pytest.approx(float(probs.mean()), abs=1e-6) and 0 < prob < 1
+    return rows, enc, answers, digits, logits
+
+
+def test_dev_scores_are_the_argmax_and_the_answers_probability(shapes):
+    import torch
+
+    rows, enc, answers, digits, logits = _by_hand(shapes)
+    target = digits[answers]
+    acc, prob = demo_vision_sft.dev_scores(shapes[1], enc, answers, digits, chunk=3)
+    assert acc == int((logits.argmax(-1) == target).sum()) / len(rows)
+    assert prob == pytest.approx(float(logits.softmax(-1)[torch.arange(len(rows)), target].mean()), abs=1e-6)
+    assert 0 < prob < 1
 
 
 def test_greedy_accuracy_scores_the_answer_token(shapes):
-    files, model, proc = shapes
-    import torch
-
-    rows = load_rows(files["test"])
-    enc, answers = demo_vision_sft.encode_rows(proc, rows)
-    digits = torch.tensor([proc.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
-    with torch.no_grad():
-        pred = model(**{k: enc[k] for k in ("input_ids", "attention_mask", "pixel_values", "image_grid_thw",
-                                             "mm_token_type_ids")}).logits[:, -1].argmax(-1)
+    rows, enc, answers, digits, logits = _by_hand(shapes)
+    pred = logits.argmax(-1)
     by_hand = sum(int(p == digits[a]) for p, a in zip(pred.tolist(), answers.tolist())) / len(rows)
-    assert demo_vision_sft.greedy_accuracy(model, enc, answers, digits, chunk=3) == by_hand
+    assert demo_vision_sft.greedy_accuracy(shapes[1], enc, answers, digits, chunk=3) == by_hand
     assert answers.tolist() == [int(r["reward_model"]["ground_truth"]) for r in rows]
 
 
