@@ -13,6 +13,7 @@ which the kernel updates as pages are touched, so the peak is what /usr/bin/time
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import sys
@@ -27,6 +28,24 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 PAGE = os.sysconf("SC_PAGE_SIZE")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(n, ctypes.c_size_t) for n in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                               "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+def heap_split() -> dict:
+    """glibc's view (all arenas): bytes in use from the heaps, free but kept in them, and mmapped chunks.
+
+    Empty where the C library has no mallinfo2 (glibc < 2.33, musl)."""
+    try:
+        fn = ctypes.CDLL(None).mallinfo2
+    except AttributeError:
+        return {}
+    fn.restype = _MallInfo2
+    m = fn()
+    return {"heap_in_use": m.uordblks, "heap_free": m.fordblks, "mmapped": m.hblkhd}
 
 
 def rss_bytes() -> int:
@@ -51,7 +70,7 @@ class PeakSampler:
     def mark(self, stage: str) -> None:
         """Peaks from now on are counted to `stage` (and the whole run's)."""
         self.stage = stage
-        self.stages.setdefault(stage, {"peak": 0, "stack": []})
+        self.stages.setdefault(stage, {"peak": 0, "stack": [], "heap": {}})
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -63,7 +82,7 @@ class PeakSampler:
                          traceback.extract_stack(frame)[-8:]] if frame is not None else []
                 if self.last_grad:  # inside the backward: the last parameter whose gradient was accumulated
                     stack.append(f"(backward: last gradient accumulated: {self.last_grad})")
-                st["peak"], st["stack"] = r, stack
+                st["peak"], st["stack"], st["heap"] = r, stack, heap_split()
                 if r > self.peak:
                     self.peak, self.stack = r, stack
             time.sleep(self.interval)
@@ -153,7 +172,8 @@ def main() -> None:
     print(f"after the run: RSS {after / gb:.2f} GB, of which weights + AdamW state {held / gb:.2f} GB: "
           f"{(after - held) / gb:.2f} GB runtime, data and the allocator's freed-but-kept pages")
     for stage, st in sampler.stages.items():
-        print(f"\n{stage}: peak {st['peak'] / gb:.2f} GB")
+        heap = ", ".join(f"{k} {v / gb:.2f}" for k, v in st["heap"].items())
+        print(f"\n{stage}: peak {st['peak'] / gb:.2f} GB" + (f" (malloc, GB: {heap})" if heap else ""))
         for line in st["stack"][-5:]:
             print(f"    {line}")
     print(json.dumps({"peak_gb": sampler.peak / gb, "floor_gb": floor, "ratio": sampler.peak / gb / floor,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from . import cast_scratch
 from .logit_cap import cap_logits_, cap_slope
 from .logprobs import _acc_dtype, _chunk_forward, _chunk_grad_, sampling_filter_
 
@@ -98,7 +99,9 @@ class _FusedLogProb(torch.autograd.Function):
         # an output the loss does not use (the entropy of an update without an entropy bonus, kept
         # for its metric) gets None in the backward, not zeros: its terms are skipped
         ctx.set_materialize_grads(False)
-        del hm, wm, bufs  # the backward recasts: cheaper than holding a V x H copy between the passes
+        if matmul_dtype is not None:
+            cast_scratch.give_back(wm)
+        del hm, wm, bufs  # the backward recasts (into the same reused buffer): cheaper than holding it between the passes
         return (logp, ent) if with_entropy else logp
 
     @staticmethod
@@ -142,16 +145,19 @@ class _FusedLogProb(torch.autograd.Function):
                 # 0 + x is x: the first product is what addmm_ onto zeros gave, bit for bit
                 grad_w = torch.mm(dz.T, hh) if grad_w is None else grad_w.addmm_(dz.T, hh)
             del z, dz
+        if md is not None:
+            cast_scratch.give_back(wm)
         if need_w:
             grad_w = grad_w.to(weight.dtype)
         return grad_h, grad_w, None, None, None, None, None, None, None, None, None
 
 
 def _matmul_operands(hidden, weight, matmul_dtype):
-    """(hidden, weight) as the head's matmuls read them: unchanged, or cast to `matmul_dtype`."""
+    """(hidden, weight) as the head's matmuls read them: unchanged, or cast to `matmul_dtype` (a
+    large head into cast_scratch's reused buffer: the caller gives it back after its last read)."""
     if matmul_dtype is None:
         return hidden, weight
-    return hidden.to(matmul_dtype), weight.to(matmul_dtype)
+    return hidden.to(matmul_dtype), cast_scratch.cast(weight, matmul_dtype)
 
 
 BF16_HEAD_MIN_VOCAB = 1 << 16  # the vocabulary from which the head joins bf16 autocast (lean.LARGE_VOCAB)

@@ -8,13 +8,16 @@ tied embeddings: one copy per distinct parameter) decode in bf16, nothing outliv
 and the training weights are never modified. Buffers (RoPE's inverse frequencies) stay as
 they are. The copy costs one cast of the weights per generation (~N x 6 bytes of traffic) and
 N x 2 bytes while it lives, at a time when the gradients are freed, so it does not raise the
-step's peak.
+step's peak; a real vocabulary's embedding is cast into algos/cast_scratch's reused buffer (the
+one the fused log-prob head casts into), not a fresh mapping each generation.
 """
 from __future__ import annotations
 
 from contextlib import contextmanager
 
 import torch
+
+from reinforge.algos import cast_scratch
 
 DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -34,8 +37,9 @@ def cast_weights(model, dtype: torch.dtype | None):
         saved.append((p, p.data))
     try:
         for p, data in saved:
-            p.data = data.to(dtype)
+            p.data = cast_scratch.cast(data, dtype)  # a large embedding: into the thread's reused buffer
         yield model
     finally:
         for p, data in saved:
+            cast_scratch.give_back(p.data)
             p.data = data
