@@ -56,7 +56,3 @@ def give_back(buf: torch.Tensor | None) -> None:
     if entry is not None and entry[0].data_ptr() == buf.data_ptr():  # `p.data` is a new alias each read
         entry[1] = False
 
-
-def held_bytes() -> int:
-    """Bytes of this thread's buffers (a test's and a report's view)."""
-    return sum(e[0].numel() * e[0].element_size() for e in _pool().values())
