@@ -15,9 +15,9 @@ import torch
 
 from reinforge.config.load import ConfigError, load_config
 from reinforge.config.preference import RMConfig
-from reinforge.data import load_rows, write_rows
 from reinforge.data.io import DataError
-from tests.test_vlm_sft_dpo import QUESTION, _assert_trained, _params, vlm_data  # noqa: F401 (a fixture)
+from tests.test_vlm_sft_dpo import (BAD_PREFERENCE_CASES, _assert_trained, _params, bad_preference_rows,  # noqa: F401
+                                    vlm_data)  # vlm_data: a fixture
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -110,21 +110,12 @@ def test_rm_score_of_a_padded_batch_equals_each_row_alone(side, vlm_data):
     torch.testing.assert_close(got, own, atol=1e-5, rtol=0)
 
 
-@pytest.mark.parametrize("case,message", [
-    ("bytes", "row 1: field 'images[0]': unreadable image"),
-    ("count", "row 1: field 'prompt': the prompt has 2 image placeholder(s)"),
-    ("text_model", "the row has images but the model has no image processor"),
-])
+@pytest.mark.parametrize("case,message", BAD_PREFERENCE_CASES)
 def test_rm_refuses_bad_image_rows_before_a_model_loads(case, message, vlm_data, tmp_path, tiny_model_dir,
                                                         no_model_loads):
     from reinforge.trainers.rm import RMTrainer
 
-    good = load_rows(vlm_data["prefs_verl"])[0]
-    bad = {"bytes": {**good, "images": [{"bytes": b"\x89PNG but no more", "path": None}]},
-           "count": {**good, "prompt": [{"role": "user", "content": "<image><image>" + QUESTION}]},
-           "text_model": good}[case]
-    train = write_rows([good, bad, good, good], str(tmp_path / "prefs.parquet"))
-    model = tiny_model_dir if case == "text_model" else vlm_data["model"]
+    model, train = bad_preference_rows(case, vlm_data, tmp_path, tiny_model_dir)
     with pytest.raises((DataError, ConfigError), match=re.escape(message)) as err:
         RMTrainer(_rm_cfg(model, train, tmp_path / "run"))
     assert "\n" not in str(err.value)

@@ -291,21 +291,31 @@ def test_dpo_reference_logps_through_the_image_path(vlm_data, tmp_path):
     torch.testing.assert_close(cached.reference_sums(items, batch, "train").float(), own, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("case,message", [
+BAD_PREFERENCE_CASES = [
     ("bytes", "row 1: field 'images[0]': unreadable image"),
     ("count", "row 1: field 'prompt': the prompt has 2 image placeholder(s)"),
     ("text_model", "the row has images but the model has no image processor"),
-])
-def test_dpo_refuses_bad_image_rows_before_a_model_loads(case, message, vlm_data, tmp_path, tiny_model_dir,
-                                                         no_model_loads):
-    from reinforge.trainers.dpo import DPOTrainer
+]
+"""(case, the refusal's message) of bad_preference_rows, shared by the DPO and RM tests."""
 
+
+def bad_preference_rows(case: str, vlm_data, tmp_path, tiny_model_dir) -> tuple[str, str]:
+    """(model folder, preference parquet) whose row 1 is broken as `case` says: unreadable image
+    bytes, one placeholder too many, or image rows for a text-only model."""
     good = load_rows(vlm_data["prefs_verl"])[0]
     bad = {"bytes": {**good, "images": [{"bytes": b"GIF89a, not really", "path": None}]},
            "count": {**good, "prompt": [{"role": "user", "content": "<image><image>" + QUESTION}]},
            "text_model": good}[case]
     train = write_rows([good, bad, good, good], str(tmp_path / "prefs.parquet"))
-    model = tiny_model_dir if case == "text_model" else vlm_data["model"]
+    return (tiny_model_dir if case == "text_model" else vlm_data["model"]), train
+
+
+@pytest.mark.parametrize("case,message", BAD_PREFERENCE_CASES)
+def test_dpo_refuses_bad_image_rows_before_a_model_loads(case, message, vlm_data, tmp_path, tiny_model_dir,
+                                                         no_model_loads):
+    from reinforge.trainers.dpo import DPOTrainer
+
+    model, train = bad_preference_rows(case, vlm_data, tmp_path, tiny_model_dir)
     with pytest.raises((DataError, ConfigError), match=re.escape(message)) as err:
         DPOTrainer(_dpo_cfg(model, train, tmp_path / "run"))
     assert "\n" not in str(err.value)
