@@ -4,7 +4,7 @@ At a real vocabulary the head (151,936 x 896) is cast to bf16 several times a st
 log-prob head under bf16 autocast (its forward, its backward, the no-grad old-log-prob and
 reference passes) and by the bf16 decode copy. A fresh 272 MB tensor is memory the allocator
 maps anew (glibc serves anything over 32 MB with mmap and unmaps it on free), and on the CPU
-machines we measured, first-touching it cost 125-930 ms against ~20 ms for the same cast into a
+machines we measured, first-touching it cost 96-930 ms against ~20-28 ms for the same cast into a
 resident buffer (docs/performance.md, "Reused cast buffers"). So a cast of a tensor of at least
 `MIN_NUMEL` elements goes into a buffer this thread keeps for that shape and dtype.
 
