@@ -39,6 +39,9 @@ def shard_model(model: nn.Module) -> nn.Module:
     """
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
+    from reinforge.models.tied_lookup import untie_lookup
+
+    untie_lookup(model)  # FSDP reduces the gradients autograd gives it: the lookup's must be one of them
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)

@@ -170,6 +170,10 @@ def load_causal_lm(path: str, *, dtype: str = "auto", device: str = "cpu", gradi
     model = _finish(model, device, checkpointing_on(gradient_checkpointing) and train, train)
     if vlm and train and freeze_vision_tower:
         freeze_vision(model)
+    if train:  # a tied embedding's lookup gradient added in place, not as a second (V, H) tensor
+        from reinforge.models.tied_lookup import tie_lookup
+
+        tie_lookup(model)
     return model
 
 
