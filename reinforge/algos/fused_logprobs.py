@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from . import cast_scratch
+from . import cast_scratch, kept_grads
 from .logit_cap import cap_logits_, cap_slope
 from .logprobs import _acc_dtype, _chunk_forward, _chunk_grad_, sampling_filter_
 
@@ -116,6 +116,9 @@ class _FusedLogProb(torch.autograd.Function):
         # each chunk, one rounding per chunk): an fp32 accumulator cost a cast and an add of the
         # (V, H) product per chunk, more than the matmul itself at V = 152k
         grad_w = None  # the first chunk's product, then each later one added (no zero-filled V x H start)
+        # an fp32 head's gradient added straight into its .grad (kept_grads: resident memory, no fresh
+        # V x H tensor a step); None: returned to autograd as before
+        into = kept_grads.grad_buffer(weight) if need_w and weight.dtype == torch.float32 else None
         g_logp = torch.zeros_like(lse) if g_logp is None else g_logp.to(acc)  # only the entropy was used
         g_ent = None if g_ent is None else g_ent.to(acc)
         hm, wm = _matmul_operands(hidden, weight, md)
@@ -143,11 +146,18 @@ class _FusedLogProb(torch.autograd.Function):
             if need_w:
                 hh = h if md is not None else h.to(acc)
                 # 0 + x is x: the first product is what addmm_ onto zeros gave, bit for bit
-                grad_w = torch.mm(dz.T, hh) if grad_w is None else grad_w.addmm_(dz.T, hh)
+                if into is not None and md is None:  # fp32 products: onto the gradient itself
+                    into.addmm_(dz.T, hh)
+                else:
+                    grad_w = torch.mm(dz.T, hh) if grad_w is None else grad_w.addmm_(dz.T, hh)
             del z, dz
         if md is not None:
             cast_scratch.give_back(wm)
-        if need_w:
+        if into is not None:
+            if grad_w is not None:  # the `md` sum, added up into the fp32 gradient (0 + x is x on a fresh one)
+                into.add_(grad_w)
+            grad_w = None  # already in weight.grad: autograd gets nothing to add
+        elif need_w:
             grad_w = grad_w.to(weight.dtype)
         return grad_h, grad_w, None, None, None, None, None, None, None, None, None
 

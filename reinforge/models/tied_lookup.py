@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from reinforge.algos import kept_grads
+
 
 class _TiedLookup(torch.autograd.Function):
     """ids (...,) int64 -> rows (..., H) of `weight`. `anchor` is an empty tensor that requires
@@ -50,9 +52,10 @@ class _TiedLookup(torch.autograd.Function):
             if padding_idx is not None:  # embedding_backward gives the padding row no gradient
                 keep = idx != padding_idx
                 rows, idx = rows[keep], idx[keep]
-            if weight.grad is None:
-                weight.grad = torch.zeros_like(weight)
-            weight.grad.index_add_(0, idx, rows)
+            into = kept_grads.grad_buffer(weight)  # the head's gradient, the kept one zeroed, or None
+            if into is None:
+                weight.grad = into = torch.zeros_like(weight)
+            into.index_add_(0, idx, rows)
         return None, None, None
 
 

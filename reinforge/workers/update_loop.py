@@ -28,6 +28,7 @@ from typing import Any, Callable, Iterable, Iterator, Sequence
 
 import torch
 
+from reinforge.algos import kept_grads
 from reinforge.models.packing import micro_batches, restore_order
 from reinforge.protocol import Batch
 from reinforge.workers import dp
@@ -135,7 +136,7 @@ def clip_and_step(params, opt, grad_clip: float) -> tuple[torch.Tensor, bool]:
     ok = bool(torch.isfinite(grad_norm))
     if ok:
         opt.step()
-    opt.zero_grad(set_to_none=True)
+    kept_grads.release_optimizer(opt)  # zero_grad(set_to_none=True), a real vocabulary's head gradient kept warm
     return grad_norm.detach(), ok
 
 
@@ -157,7 +158,7 @@ class Optim:
             grad_norm, ok = clip_and_step(self.params, self.opt, self.grad_clip)
             grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # FSDP's DTensor
         else:
-            self.opt.zero_grad(set_to_none=True)
+            kept_grads.release_optimizer(self.opt)
             grad_norm, ok = torch.tensor(math.nan), False
         self.guard.record(ok)
         return grad_norm, ok
