@@ -9,12 +9,13 @@ V = 151,936 and H = 896 that second tensor is 0.545 GB in fp32, alive at the end
 (docs/performance.md, "Reused cast buffers").
 
 `TiedEmbedding.forward` looks the rows up from the detached weight through `_TiedLookup`, whose
-backward adds the B x L gradient rows straight into `weight.grad` (`index_add_`), creating it
-only when no gradient is there yet. The head's gradient reaches `weight.grad` through autograd
+backward adds the B x L gradient rows straight into `weight.grad` (`index_add_`): the one the
+head's backward made, else the tensor algos/kept_grads.py kept from the last step (zeroed), else
+a new zero one. The head's gradient reaches `weight.grad` through autograd
 as before; the sum is the same either way round (the engine runs the weight's accumulation as
 soon as the head's backward is done, so in practice the head's gradient comes first and the
 lookup's rows are added into it). Only the summation order of the looked-up rows differs from
-`embedding_backward`'s (~1e-7 relative in fp32; tests/models/test_tied_lookup.py).
+`embedding_backward`'s (~1e-7 relative in fp32; tests/test_tied_lookup.py).
 
 Used for training models on one process or under a local process group (models/loading.py);
 `untie_lookup` restores the plain module before FSDP2 shards the model (distributed/fsdp.py),
