@@ -54,8 +54,8 @@ def release_optimizer(opt: torch.optim.Optimizer) -> None:
 def grad_buffer(p: torch.Tensor) -> torch.Tensor | None:
     """The tensor to add `p`'s gradient into in place: p.grad if set; else the kept one, zeroed and
     made p.grad; else None (no gradient yet and none kept: the caller returns a fresh one)."""
-    if p.grad is not None:
-        return p.grad if type(p.grad) is torch.Tensor and p.grad.dtype == p.dtype else None
+    if p.grad is not None:  # autograd keeps a gradient in its parameter's dtype and shape
+        return p.grad
     kept = getattr(p, _ATTR, None)
     if kept is None:
         return None
