@@ -15,6 +15,14 @@ from reinforge.models.tied_lookup import TiedEmbedding, tie_lookup, untie_lookup
 V, PAD = 97, 0
 
 
+@pytest.fixture(autouse=True)
+def small_tables(monkeypatch):
+    """tie_lookup swaps only real vocabularies' tables; these tests' 97 x 32 one qualifies here."""
+    import reinforge.models.tied_lookup as tl
+
+    monkeypatch.setattr(tl, "MIN_NUMEL", 0)
+
+
 def _model(tied: bool = True, pad: int | None = PAD) -> Qwen2ForCausalLM:
     torch.manual_seed(0)
     cfg = Qwen2Config(vocab_size=V, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
@@ -52,11 +60,15 @@ def _assert_grads_match(plain, tied, tol: float = 1e-5):
         assert ((p.grad - q.grad).abs().max() / scale) < tol, name
 
 
-def test_swaps_only_a_tied_plain_embedding():
+def test_swaps_only_a_tied_plain_embedding(monkeypatch):
+    import reinforge.models.tied_lookup as tl
+
     plain, tied = _pair()
     assert type(tied.get_input_embeddings()) is TiedEmbedding
     assert tied.get_output_embeddings().weight is tied.get_input_embeddings().weight
     assert tie_lookup(_model(tied=False)) is False  # untied: its lookup gradient is its own .grad anyway
+    monkeypatch.setattr(tl, "MIN_NUMEL", V * 32 + 1)
+    assert tie_lookup(_model()) is False  # below the size: autograd's lookup, numerics unchanged
     untie_lookup(tied)
     assert type(tied.get_input_embeddings()) is nn.Embedding
     assert tied.state_dict().keys() == plain.state_dict().keys()

@@ -17,7 +17,9 @@ soon as the head's backward is done, so in practice the head's gradient comes fi
 lookup's rows are added into it). Only the summation order of the looked-up rows differs from
 `embedding_backward`'s (~1e-7 relative in fp32; tests/test_tied_lookup.py).
 
-Used for training models on one process or under a local process group (models/loading.py);
+Only for tables of at least 2^26 weights (a real vocabulary's: 136M at Qwen2.5-0.5B): below, a
+changed summation order is all it would bring, and the demo's numbers depend on the exact
+gradient. Used for training models on one process or under a local process group (models/loading.py);
 `untie_lookup` restores the plain module before FSDP2 shards the model (distributed/fsdp.py),
 whose gradient reduction must see every contribution through autograd. The lookup also falls
 back to the plain one whenever no gradient is wanted (no_grad, a frozen embedding under LoRA).
@@ -29,6 +31,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from reinforge.algos import kept_grads
+from reinforge.algos.cast_scratch import MIN_NUMEL
+
+# MIN_NUMEL (2^26, cast_scratch's): only a real vocabulary's table, where the second (V, H) gradient
+# costs; smaller models (the demo's, the tests') keep autograd's lookup gradient and its numerics
+# bit for bit (the demo's SFT base moved by 10 points with the summation order changed).
 
 
 class _TiedLookup(torch.autograd.Function):
@@ -80,14 +87,16 @@ def _plain(emb) -> bool:
 
 def tie_lookup(model) -> bool:
     """Swap the input embedding of `model` (an HF model, or a PEFT wrapper of one) to
-    TiedEmbedding when it is a plain nn.Embedding sharing its weight with the output head.
-    Returns whether it did."""
+    TiedEmbedding when it is a plain nn.Embedding of at least MIN_NUMEL weights sharing its weight
+    with the output head. Returns whether it did."""
     from reinforge.models.forward import unwrap_peft
 
     inner = unwrap_peft(model)
     emb = inner.get_input_embeddings() if hasattr(inner, "get_input_embeddings") else None
     head = inner.get_output_embeddings() if hasattr(inner, "get_output_embeddings") else None
     if emb is None or head is None or getattr(head, "weight", None) is not emb.weight or not _plain(emb):
+        return False
+    if emb.weight.numel() < MIN_NUMEL:
         return False
     emb.__class__ = TiedEmbedding
     return True
