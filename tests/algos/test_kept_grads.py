@@ -77,10 +77,8 @@ def test_tied_model_steps_reuse_the_gradient_and_match_the_plain_model(small_thr
     embedding's gradient lives in the same memory, and every gradient is the plain model's."""
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
-    from reinforge.models.forward import response_logprobs
-    from reinforge.models.tied_lookup import tie_lookup
-
     import reinforge.models.tied_lookup as tl
+    from reinforge.models.forward import response_logprobs
 
     monkeypatch.setattr(kept_grads, "MIN_NUMEL", 97 * 32)
     monkeypatch.setattr(tl, "MIN_NUMEL", 0)
@@ -89,7 +87,7 @@ def test_tied_model_steps_reuse_the_gradient_and_match_the_plain_model(small_thr
                       num_key_value_heads=2, tie_word_embeddings=True, pad_token_id=0)
     plain = Qwen2ForCausalLM(cfg)
     model = copy.deepcopy(plain)
-    assert tie_lookup(model)
+    assert tl.tie_lookup(model)
     emb = model.get_input_embeddings().weight
     storages = []
     for step in range(3):
