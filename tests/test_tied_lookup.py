@@ -124,3 +124,29 @@ def test_loaded_training_model_is_tied_and_learns_the_same(tmp_path, checkpointi
     _loss(plain, 5).backward()
     _loss(tied, 5).backward()
     _assert_grads_match(plain, tied)
+
+
+def test_fsdp_sharding_restores_the_plain_lookup():
+    """shard_model undoes the swap before fully_shard (FSDP reduces what autograd gives it), and the
+    sharded model's gradients are the plain model's (one gloo rank)."""
+    import socket
+
+    import torch.distributed as dist
+
+    from reinforge.distributed.fsdp import shard_model
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    plain, tied = _pair()
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=0, world_size=1)
+    try:
+        shard_model(tied)
+        assert not any(type(m) is TiedEmbedding for m in tied.modules())
+        _loss(plain, 6).backward()
+        _loss(tied, 6).backward()
+        for (name, p), q in zip(plain.named_parameters(), tied.parameters()):
+            g = q.grad.full_tensor() if hasattr(q.grad, "full_tensor") else q.grad
+            assert (p.grad - g).abs().max() <= 1e-5 * p.grad.abs().max(), name
+    finally:
+        dist.destroy_process_group()
