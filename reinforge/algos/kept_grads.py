@@ -8,7 +8,7 @@ fused head's gradient was also cast up into another fresh one (docs/performance.
 buffers": 339 ms for that cast).
 
 `release(params)` is the optimizer's zero_grad: every gradient is set to None, as before, but
-one of at least `cast_scratch.MIN_NUMEL` elements is kept aside on its parameter. `grad_buffer(p)`
+one of at least `cast_scratch.MIN_NUMEL` elements is kept aside for its parameter. `grad_buffer(p)`
 is for backward code that adds into a parameter's gradient itself (the fused log-prob head, the
 tied embedding lookup): it returns `p.grad` when there is one, else the kept tensor, zeroed and
 installed as `p.grad`, else None (the caller makes a fresh one, as on the first step). A
@@ -24,10 +24,13 @@ unsharded copy, whose gradient FSDP frees after reducing it) never has a kept te
 from __future__ import annotations
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from reinforge.algos.cast_scratch import MIN_NUMEL
 
-_ATTR = "_reinforge_kept_grad"
+_kept = WeakIdKeyDictionary()
+"""parameter -> its kept gradient tensor. Beside the parameter, not on it, so a deepcopy of the
+model (the asynchronous producer's behaviour copy) never copies a kept gradient."""
 
 
 def _keepable(p: torch.Tensor, g: torch.Tensor) -> bool:
@@ -42,7 +45,7 @@ def release(params) -> None:
         if g is None:
             continue
         if _keepable(p, g):
-            setattr(p, _ATTR, g)
+            _kept[p] = g
         p.grad = None
 
 
@@ -56,9 +59,8 @@ def grad_buffer(p: torch.Tensor) -> torch.Tensor | None:
     made p.grad; else None (no gradient yet and none kept: the caller returns a fresh one)."""
     if p.grad is not None:  # autograd keeps a gradient in its parameter's dtype and shape
         return p.grad
-    kept = getattr(p, _ATTR, None)
+    kept = _kept.pop(p, None)
     if kept is None:
         return None
-    delattr(p, _ATTR)
     p.grad = kept.zero_()
     return kept

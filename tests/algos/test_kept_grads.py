@@ -37,6 +37,17 @@ def test_release_keeps_only_large_gradients(small_threshold):
     assert kept_grads.grad_buffer(big) is buf  # now p.grad itself: later micro-batches add into it
 
 
+def test_a_deepcopy_carries_no_kept_gradient(small_threshold):
+    """The asynchronous producer deep-copies the actor's module: the copy must not get (or share)
+    a kept gradient."""
+    model = torch.nn.Linear(H, V, bias=False)
+    model.weight.grad = torch.ones(V, H)
+    kept_grads.release(model.parameters())
+    twin = copy.deepcopy(model)
+    assert kept_grads.grad_buffer(twin.weight) is None and twin.weight.grad is None
+    assert kept_grads.grad_buffer(model.weight) is not None
+
+
 def test_unused_parameter_stays_without_gradient(small_threshold):
     """A kept tensor is installed only by backward code that adds into it: a parameter without a
     gradient this step keeps grad None, so AdamW skips it (no decay on a zero gradient)."""
