@@ -35,16 +35,24 @@ class _MallInfo2(ctypes.Structure):
                                                "fsmblks", "uordblks", "fordblks", "keepcost")]
 
 
-def heap_split() -> dict:
-    """glibc's view (all arenas): bytes in use from the heaps, free but kept in them, and mmapped chunks.
+def _mallinfo2():
+    """glibc's mallinfo2, resolved once (None where the C library has none: glibc < 2.33, musl)."""
+    fn = getattr(ctypes.CDLL(None), "mallinfo2", None)
+    if fn is not None:
+        fn.restype = _MallInfo2
+    return fn
 
-    Empty where the C library has no mallinfo2 (glibc < 2.33, musl)."""
-    try:
-        fn = ctypes.CDLL(None).mallinfo2
-    except AttributeError:
+
+_MALLINFO2 = _mallinfo2()
+
+
+def heap_split() -> dict:
+    """glibc's view (all arenas): bytes in use from the heaps, free but kept in them, and mmapped
+    chunks; empty without mallinfo2. Called by the sampler at each new peak, so nothing is looked
+    up here."""
+    if _MALLINFO2 is None:
         return {}
-    fn.restype = _MallInfo2
-    m = fn()
+    m = _MALLINFO2()
     return {"heap_in_use": m.uordblks, "heap_free": m.fordblks, "mmapped": m.hblkhd}
 
 

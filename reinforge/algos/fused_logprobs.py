@@ -10,7 +10,9 @@ copies of weight and of its gradient during backward. ``matmul_dtype=torch.bfloa
 fp32 head (the update under bf16 autocast, large vocabularies only: see ``bf16_head``) runs the
 head's four matmuls in bf16 from a bf16 copy of weight made once per pass (V x H x 2 bytes);
 log-softmax and entropy in fp32, the head's gradient summed over chunks in bf16 (one rounding per
-chunk) and returned in weight's dtype. top_k / top_p filter each chunk's logits
+chunk) and returned in weight's dtype; an fp32 head whose gradient already exists or was kept
+from the last step (kept_grads.py) gets it added into that tensor in place instead, and autograd
+gets None for it. top_k / top_p filter each chunk's logits
 as ``logprobs.sampling_filter_`` does (the distribution the rollout sampled from).
 """
 
