@@ -44,6 +44,38 @@ def test_bf16_decode_is_bit_identical_packed_or_not(tiny_model_dir):
     assert torch.equal(out[True]["rollout_log_probs"], out[False]["rollout_log_probs"])
 
 
+def test_bf16_decode_packs_linear_weights_without_a_whole_model_copy(tiny_model_dir, monkeypatch):
+    """The packed linears' weights are cast one at a time as they are packed: during the
+    generation they are still the fp32 training tensors (no bf16 copy of them), the embedding
+    table and the norms are bf16 copies, and every parameter is its own tensor again after."""
+    model, tok = _load(tiny_model_dir)
+    rollout = LeanRollout(model, tok, max_prompt_length=8, max_response_length=4, ignore_eos=True, dtype="bfloat16")
+    later = pl.linear_only_weights(model)
+    linear_w = {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Linear)}
+    tied = id(model.get_input_embeddings().weight)
+    assert later and later <= linear_w and (tied not in later) == (tied in linear_w)
+    before = {id(p): (p.data_ptr(), p.dtype) for p in model.parameters()}
+    seen = {}
+    real = pl._packed_forward
+
+    def spy(packed, bias, x):
+        seen.update({id(p): p.dtype for p in model.parameters()})
+        return real(packed, bias, x)
+
+    monkeypatch.setattr(pl, "_packed_forward", spy)
+    rollout.generate(_prompts(tok), n=2)
+    assert seen and all(seen[i] == (torch.float32 if i in later else torch.bfloat16) for i in seen)
+    assert {id(p): (p.data_ptr(), p.dtype) for p in model.parameters()} == before
+
+
+def test_a_peft_model_casts_every_weight_whole():
+    inner = torch.nn.Linear(4, 4)
+    wrapper = torch.nn.Module()
+    wrapper.base_layer, wrapper.lora_A = inner, torch.nn.Linear(4, 2)
+    assert pl.linear_only_weights(wrapper) == frozenset()
+    assert pl.linear_only_weights(torch.nn.Sequential(inner)) == frozenset({id(inner.weight)})
+
+
 def test_fp32_packs_only_large_models_and_stays_within_1e5(tiny_model_dir, monkeypatch):
     model, _ = _load(tiny_model_dir)
     assert not pl.should_pack(model, torch.float32)  # 3M parameters: the plain BLAS path

@@ -23,13 +23,15 @@ DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
 @contextmanager
-def cast_weights(model, dtype: torch.dtype | None):
+def cast_weights(model, dtype: torch.dtype | None, skip: frozenset[int] = frozenset()):
     """Within the block, every floating parameter of `model` of another dtype is a `dtype` copy
-    (None: nothing changes). Restored on exit, exceptions included."""
+    (None: nothing changes), except those whose id() is in `skip` (the linear weights that
+    packed_linears casts one at a time as it packs them, so their plain copies never exist all at
+    once). Restored on exit, exceptions included."""
     if dtype is None:
         yield model
         return
-    saved, seen = [], set()
+    saved, seen = [], set(skip)
     for p in model.parameters():
         if id(p) in seen or not p.is_floating_point() or p.dtype == dtype:
             continue

@@ -49,12 +49,29 @@ def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Te
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def linear_only_weights(model) -> frozenset[int]:
+    """id()s of the parameters that only `nn.Linear` modules use, as their weight: what
+    `packed_linears` packs and nothing else reads during a generation (a tied embedding's table is
+    read by its lookup too, so it is not one). None for a PEFT-wrapped model: its LoRA layers read
+    their weights' dtype to cast the input (a weight left in fp32 would make it fp32)."""
+    if any(hasattr(module, "base_layer") for module in model.modules()):
+        return frozenset()
+    only: dict[int, bool] = {}
+    for module in model.modules():
+        for name, p in module.named_parameters(recurse=False):
+            only[id(p)] = only.get(id(p), True) and isinstance(module, torch.nn.Linear) and name == "weight"
+    return frozenset(i for i, yes in only.items() if yes)
+
+
 @contextmanager
-def packed_linears(model, rows: int, enabled: bool = True):
+def packed_linears(model, rows: int, enabled: bool = True, dtype: torch.dtype | None = None):
     """Within the block every `nn.Linear` of `model` whose weight is bf16 or fp32 computes from a
     copy of its weight reordered for `rows` input rows (a hint: other row counts, the prefill's,
-    work too). A weight shared by several layers (tied embeddings) is packed once. Restored on
-    exit, exceptions included; `enabled=False` changes nothing."""
+    work too). A weight shared by several layers (tied embeddings) is packed once. `dtype`: pack
+    a weight of another dtype as its cast to `dtype` (the bf16 decode's linear weights, which
+    decode_weights.cast_weights then leaves in fp32: each one's bf16 copy lives only while it is
+    packed, the same values as packing a whole-model bf16 copy). Restored on exit, exceptions
+    included; `enabled=False` changes nothing."""
     if not enabled:
         yield model
         return
@@ -69,7 +86,9 @@ def packed_linears(model, rows: int, enabled: bool = True):
                     continue
                 key = (w.data_ptr(), w.dtype, tuple(w.shape))
                 if key not in packs:
-                    packs[key] = torch.ops.mkldnn._reorder_linear_weight(w.detach(), rows)
+                    src = w.detach() if dtype is None or w.dtype == dtype else w.detach().to(dtype)
+                    packs[key] = torch.ops.mkldnn._reorder_linear_weight(src, rows)
+                    del src
                 bias = None if module.bias is None else module.bias.detach()
                 module.forward = lambda x, p=packs[key], b=bias: _packed_forward(p, b, x)
                 patched.append(module)
