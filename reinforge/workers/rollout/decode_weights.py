@@ -9,7 +9,9 @@ and the training weights are never modified. Buffers (RoPE's inverse frequencies
 they are. The copy costs one cast of the weights per generation (~N x 6 bytes of traffic) and
 N x 2 bytes while it lives, at a time when the gradients are freed, so it does not raise the
 step's peak; a real vocabulary's embedding is cast into algos/cast_scratch's reused buffer (the
-one the fused log-prob head casts into), not a fresh mapping each generation.
+one the fused log-prob head casts into), not a fresh mapping each generation. When the lean loop
+packs the linear layers (packed_linears.py), their weights are skipped here and cast one at a
+time as they are packed, so the whole-model copy holds only the embedding, norms and biases.
 """
 from __future__ import annotations
 
