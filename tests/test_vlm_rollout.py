@@ -85,3 +85,23 @@ def test_sampled_image_placeholder_in_a_response_is_text(vlm, prompts, backend):
                                              vision=out["vision"])  # model.use_packing's forward
     torch.testing.assert_close(out["rollout_log_probs"][mask], lp[mask], atol=1e-5, rtol=0)
     torch.testing.assert_close(packed[mask], lp[mask], atol=1e-5, rtol=0)
+
+
+def test_lean_bf16_decode_with_images_is_the_same_packed_or_not(vlm, prompts):
+    """The packed linear weights (the vision tower's too) are cast as they are packed, not in the
+    whole-model bf16 copy: tokens and log-probs are those of the unpacked bf16 decode, bit for bit."""
+    from reinforge.workers.rollout import packed_linears as pl
+
+    if not pl.available():
+        pytest.skip("this torch build has no oneDNN prepacked linear")
+    model, proc = vlm
+    rollout = LeanRollout(model, proc.tokenizer, max_prompt_length=P, max_response_length=T, ignore_eos=True,
+                          dtype="bfloat16")
+    out = {}
+    for pack in (False, True):
+        rollout.pack = pack
+        torch.manual_seed(0)
+        out[pack] = rollout.generate(prompts, n=2, temperature=1.0)
+    assert pl.linear_only_weights(model)  # the packed run did leave the linear weights out of the copy
+    assert torch.equal(out[True]["responses"], out[False]["responses"])
+    assert torch.equal(out[True]["rollout_log_probs"], out[False]["rollout_log_probs"])

@@ -52,7 +52,7 @@ def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Te
 def linear_only_weights(model) -> frozenset[int]:
     """id()s of the parameters that only `nn.Linear` modules use, as their weight: what
     `packed_linears` packs and nothing else reads during a generation (a tied embedding's table is
-    read by its lookup too, so it is not one). None for a PEFT-wrapped model: its LoRA layers read
+    read by its lookup too, so it is not one). Empty for a PEFT-wrapped model: its LoRA layers read
     their weights' dtype to cast the input (a weight left in fp32 would make it fp32)."""
     if any(hasattr(module, "base_layer") for module in model.modules()):
         return frozenset()
