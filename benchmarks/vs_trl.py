@@ -23,7 +23,7 @@ widths) with the real 151,936-id Qwen2 vocabulary (models/vocabs.py), 4 prompts 
 (TRL `bf16=False/True, gradient_checkpointing=False`; reinforge `model.autocast=none/bf16`,
 `rollout.dtype=model`, `model.gradient_checkpointing=false`) and `defaults` (TRL's: bf16 autocast
 and gradient checkpointing; reinforge's: no overrides, so checkpointing and the micro-batch are
-the plan's choice from the memory budget). Each run's peak resident memory is read the same way for both
+the plan's choice: on a CPU checkpointing is on at this size, the micro-batch from the memory budget). Each run's peak resident memory is read the same way for both
 sides, by `/usr/bin/time -v` around the process (reinforge's side switches off
 perf/cpu_rss_peak_gb's VmHWM resets, which would lower it). Before the table the benchmark
 measures and prints this machine's floors at the shape (benchmarks/floors.py): bandwidth,
@@ -248,7 +248,8 @@ def real_shape(args, work: Path, train: str, size: str) -> None:
                 d = r["derived"]
                 r["upd_prec"] = "bf16" if d.get("autocast") == "bf16" else "fp32"
                 r["gen_prec"] = "bf16" if d.get("rollout_dtype") == "bfloat16" else "fp32"
-                r["label"] = f"{r['upd_prec']}, decode {r['gen_prec']}"
+                ckpt = " + ckpt" if str(d.get("gradient_checkpointing")).lower() == "true" else ""
+                r["label"] = f"{r['upd_prec']}{ckpt}, decode {r['gen_prec']}"
             r["load"] = load
             results[setting, side] = r
             order.append((setting, side))

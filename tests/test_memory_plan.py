@@ -75,7 +75,8 @@ def test_activation_estimate_of_the_qwen05_shape(tmp_path):
 
 def test_resolve_memory_by_size_and_budget(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(QWEN05))
-    big = dict(model_path=str(tmp_path), device="cpu", weights_bytes=4, bf16_autocast=True, mini=16, seq=256)
+    # a GPU: checkpointing only when the budget needs it (the budget is given, so no GPU is asked)
+    big = dict(model_path=str(tmp_path), device="cuda", weights_bytes=4, bf16_autocast=True, mini=16, seq=256)
     state = 16 * sd.config_params(str(tmp_path))  # 7.9 GB
     roomy = sd.resolve_memory(ckpt="auto", micro=0, budget_gb=100.0, **big)
     assert (roomy.gradient_checkpointing, roomy.micro_batch_size, roomy.state_bytes) == (False, 16, state)
@@ -90,6 +91,13 @@ def test_resolve_memory_by_size_and_budget(tmp_path):
     assert sd.resolve_memory(ckpt="false", micro=0, budget_gb=8.9, **big).gradient_checkpointing is False
     assert sd.resolve_memory(ckpt="true", micro=4, budget_gb=100.0, **big).micro_batch_size == 4
     assert "gradient checkpointing on" in tighter.line()
+    # a CPU: auto checkpoints a large model whatever the budget (cheap there: docs/performance.md)
+    cpu = dict(big, device="cpu")
+    for budget in (100.0, 10.0):
+        on_cpu = sd.resolve_memory(ckpt="auto", micro=0, budget_gb=budget, **cpu)
+        assert on_cpu.gradient_checkpointing and on_cpu.micro_batch_size == 16
+    assert sd.resolve_memory(ckpt="false", micro=0, budget_gb=100.0, **cpu).gradient_checkpointing is False
+    assert sd.resolve_memory(ckpt="false", micro=0, budget_gb=10.0, **cpu).micro_batch_size < 16
 
 
 def test_small_models_keep_the_former_defaults(tiny_model_dir):
@@ -115,7 +123,8 @@ def test_plan_records_the_choices(tiny_model_dir, arith_data, tmp_path, monkeypa
     assert plan(**{"model.fused_logprobs": "false"}).logprob_path == "logits"
     monkeypatch.setattr(sd, "LARGE_PARAMS", 1000)  # the tiny model counts as large: the budget decides
     big = plan(**{"model.memory_budget_gb": "1000", "actor.micro_batch_size": 0})
-    assert big.actor_micro_batch_size == big.actor_mini_batch_size and not big.gradient_checkpointing
+    assert big.actor_micro_batch_size == big.actor_mini_batch_size
+    assert big.gradient_checkpointing and big.cfg.model.gradient_checkpointing == "true"  # a CPU: on
     assert "budget 1000.00 GB" in big.record()["memory"]
     with pytest.raises(ConfigError, match="model.gradient_checkpointing='sometimes'"):
         plan(**{"model.gradient_checkpointing": "sometimes"})
@@ -124,7 +133,7 @@ def test_plan_records_the_choices(tiny_model_dir, arith_data, tmp_path, monkeypa
 def test_a_budget_chosen_micro_batch_and_checkpointing_keep_the_gradient(tiny_model_dir, arith_data, tmp_path,
                                                                          monkeypatch):
     """The tiny model counted as large: a roomy budget gives the whole mini-batch of 16 in one
-    micro-batch; a budget that fits 2 checkpointed rows gives micro-batches of 2 with checkpointing.
+    micro-batch (checkpointing off, which a CPU's auto would switch on); a budget that fits 2 checkpointed rows gives micro-batches of 2 with checkpointing.
     Both updates accumulate the same gradient (2 epochs, the second run replaying the first's
     gradients so both stay at the same weights: tests/grad_check.py)."""
     from reinforge.trainers.rl import RLTrainer
@@ -136,7 +145,7 @@ def test_a_budget_chosen_micro_batch_and_checkpointing_keep_the_gradient(tiny_mo
     two = 16 * n + sd.activation_bytes(shape, 2, 14, checkpointing=True, matmul_bytes=4, resid_bytes=4) \
         + sd.head_bytes(shape, 28, True)
     grads, plans = [], []
-    for name, extra in (("roomy", {"model.memory_budget_gb": 1000}),
+    for name, extra in (("roomy", {"model.memory_budget_gb": 1000, "model.gradient_checkpointing": "false"}),
                         ("tight", {"model.memory_budget_gb": (two + 1) / 1e9, "model.gradient_checkpointing": "true"})):
         cfg = load_config(RLConfig, "grpo", rl_overrides(
             tiny_model_dir, arith_data, str(tmp_path / name),
