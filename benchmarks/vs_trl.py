@@ -23,9 +23,10 @@ widths) with the real 151,936-id Qwen2 vocabulary (models/vocabs.py), 4 prompts 
 (TRL `bf16=False/True, gradient_checkpointing=False`; reinforge `model.autocast=none/bf16`,
 `rollout.dtype=model`, `model.gradient_checkpointing=false`) and `defaults` (TRL's: bf16 autocast
 and gradient checkpointing; reinforge's: no overrides, so checkpointing and the micro-batch are
-the plan's choice: on a CPU checkpointing is on at this size, the micro-batch from the memory budget). Each run's peak resident memory is read the same way for both
-sides, by `/usr/bin/time -v` around the process (reinforge's side switches off
-perf/cpu_rss_peak_gb's VmHWM resets, which would lower it). Before the table the benchmark
+the plan's choice: on a CPU checkpointing is on at this size, the micro-batch from the memory
+budget). Each run's peak resident memory is read the same way for both sides, by
+`/usr/bin/time -v` around the process (reinforge's side switches off perf/cpu_rss_peak_gb's
+VmHWM resets, which would lower it). Before the table the benchmark
 measures and prints this machine's floors at the shape (benchmarks/floors.py): bandwidth,
 fp32 / bf16 matmul peaks at the decode and update shapes, and the generation, update and
 memory floors they imply; `upd MFU` is 6 N x tokens / (update s x the update-shape peak of

@@ -217,7 +217,7 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
     is exact, so the gradient does not depend on it). Auto checkpointing is on for a CPU: at the
     Qwen2.5-0.5B shape it took 1.1-1.2 GB off the step's peak (the heap glibc keeps at the size
     of the activations) for 0-5% of a step, with and without AMX (docs/performance.md, "Packing
-    from the training weights"); on a GPU, where the second forward is ~30% of an update, only
+    from the training weights"); on a GPU, where the second forward is estimated at ~30% of an update, only
     when even one row would not fit without it."""
     n, shape = config_params(model_path), model_shape(model_path)
     budget = memory_budget(budget_gb, device)
