@@ -133,7 +133,8 @@ def test_plan_records_the_choices(tiny_model_dir, arith_data, tmp_path, monkeypa
 def test_a_budget_chosen_micro_batch_and_checkpointing_keep_the_gradient(tiny_model_dir, arith_data, tmp_path,
                                                                          monkeypatch):
     """The tiny model counted as large: a roomy budget gives the whole mini-batch of 16 in one
-    micro-batch (checkpointing off, which a CPU's auto would switch on); a budget that fits 2 checkpointed rows gives micro-batches of 2 with checkpointing.
+    micro-batch (checkpointing off, which a CPU's auto would switch on); a budget that fits 2
+    checkpointed rows gives micro-batches of 2 with checkpointing.
     Both updates accumulate the same gradient (2 epochs, the second run replaying the first's
     gradients so both stay at the same weights: tests/grad_check.py)."""
     from reinforge.trainers.rl import RLTrainer

@@ -68,12 +68,15 @@ def test_bf16_decode_packs_linear_weights_without_a_whole_model_copy(tiny_model_
     assert {id(p): (p.data_ptr(), p.dtype) for p in model.parameters()} == before
 
 
-def test_a_peft_model_casts_every_weight_whole():
+def test_only_packed_weights_are_left_out_of_the_copy():
+    """A PEFT model casts every weight whole; a linear that packed_linears would not pack stays in."""
     inner = torch.nn.Linear(4, 4)
     wrapper = torch.nn.Module()
     wrapper.base_layer, wrapper.lora_A = inner, torch.nn.Linear(4, 2)
     assert pl.linear_only_weights(wrapper) == frozenset()
     assert pl.linear_only_weights(torch.nn.Sequential(inner)) == frozenset({id(inner.weight)})
+    half = torch.nn.Linear(4, 4).half()  # not packed (neither bf16 nor fp32): it must stay in the copy
+    assert pl.linear_only_weights(torch.nn.Sequential(inner, half)) == frozenset({id(inner.weight)})
 
 
 def test_fp32_packs_only_large_models_and_stays_within_1e5(tiny_model_dir, monkeypatch):

@@ -22,10 +22,11 @@ class ModelConfig:
     gradient_checkpointing: str = "auto"
     """auto, true or false: recompute each decoder layer's activations in the backward (the
     model's own activation checkpointing, use_reentrant=False), which saves most activation memory
-    for a second forward. auto, for models of >= 100M parameters (below: off): on a CPU on (at
+    for a second forward. auto, for models of >= 100M parameters (below: off): on a CPU, on (at
     the 0.5B shape 1.1-1.2 GB less peak for 0-5% of a step); on a GPU (where the second forward
-    is estimated at ~30% of an update) only when the training state plus one row's activations would not fit
-    model.memory_budget_gb otherwise (models/shape_defaults.py); the plan records the choice."""
+    is estimated at ~30% of an update), only when the training state plus one row's activations
+    would not fit model.memory_budget_gb otherwise (models/shape_defaults.py); the plan records
+    the choice."""
     memory_budget_gb: float = 0.0
     """GB the trained model may use (weights, gradients, AdamW's moments, activations): what
     model.gradient_checkpointing=auto and actor.micro_batch_size=0 are chosen against. 0: 80% of

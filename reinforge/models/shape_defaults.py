@@ -217,8 +217,8 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
     is exact, so the gradient does not depend on it). Auto checkpointing is on for a CPU: at the
     Qwen2.5-0.5B shape it took 1.1-1.2 GB off the step's peak (the heap glibc keeps at the size
     of the activations) for 0-5% of a step, with and without AMX (docs/performance.md, "Packing
-    from the training weights"); on a GPU, where the second forward is estimated at ~30% of an update, only
-    when even one row would not fit without it."""
+    from the training weights"); on a GPU, where the second forward is estimated at ~30% of an
+    update, only when even one row would not fit without it."""
     n, shape = config_params(model_path), model_shape(model_path)
     budget = memory_budget(budget_gb, device)
     state = int(n * weights_bytes * (1 + 3 * trained_fraction) + (n * weights_bytes if reference else 0)) \
@@ -242,7 +242,7 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
     if choice != "auto":
         options = [choice == "true"]
     else:
-        options = [True] if cpu_device(device) else [False, True]
+        options = [True] if _cpu(device) else [False, True]
     if micro:
         on = next((o for o in options if fits(micro, o)), options[-1])
         return MemoryPlan(on, micro, state, act(micro, on), budget)
@@ -253,7 +253,7 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
     return MemoryPlan(options[-1], 1, state, act(1, options[-1]), budget)  # over budget even so: the smallest
 
 
-def cpu_device(device: str) -> bool:
+def _cpu(device: str) -> bool:
     return str(device).split(":")[0] == "cpu"
 
 

@@ -49,17 +49,27 @@ def _packed_forward(packed: torch.Tensor, bias: torch.Tensor | None, x: torch.Te
     return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
 
 
+def _packable(module) -> torch.Tensor | None:
+    """The weight `packed_linears` packs for `module`: an `nn.Linear`'s bf16 or fp32 plain-tensor
+    weight (a sharded DTensor keeps its own forward); None for anything else."""
+    w = getattr(module, "weight", None)
+    if not isinstance(module, torch.nn.Linear) or w is None or w.dtype not in (torch.bfloat16, torch.float32):
+        return None
+    return w if type(w.detach()) is torch.Tensor else None
+
+
 def linear_only_weights(model) -> frozenset[int]:
-    """id()s of the parameters that only `nn.Linear` modules use, as their weight: what
-    `packed_linears` packs and nothing else reads during a generation (a tied embedding's table is
-    read by its lookup too, so it is not one). Empty for a PEFT-wrapped model: its LoRA layers read
+    """id()s of the weights `packed_linears` packs that nothing else reads during a generation
+    (a tied embedding's table is read by its lookup too, so it is not one): decode_weights can
+    leave them out of its whole-model copy. Empty for a PEFT-wrapped model: its LoRA layers read
     their weights' dtype to cast the input (a weight left in fp32 would make it fp32)."""
     if any(hasattr(module, "base_layer") for module in model.modules()):
         return frozenset()
-    only: dict[int, bool] = {}
+    only: dict[int, bool] = {}  # parameter -> every module that holds it packs it as its weight
     for module in model.modules():
-        for name, p in module.named_parameters(recurse=False):
-            only[id(p)] = only.get(id(p), True) and isinstance(module, torch.nn.Linear) and name == "weight"
+        packs = _packable(module)
+        for p in module.parameters(recurse=False):
+            only[id(p)] = only.get(id(p), True) and packs is p
     return frozenset(i for i, yes in only.items() if yes)
 
 
@@ -79,10 +89,8 @@ def packed_linears(model, rows: int, enabled: bool = True, dtype: torch.dtype | 
     try:
         with torch.no_grad():
             for module in model.modules():
-                w = getattr(module, "weight", None)
-                if not isinstance(module, torch.nn.Linear) or w is None or w.dtype not in (torch.bfloat16, torch.float32):
-                    continue
-                if type(w.detach()) is not torch.Tensor:  # a sharded (DTensor) weight: its own forward
+                w = _packable(module)
+                if w is None:
                     continue
                 key = (w.data_ptr(), w.dtype, tuple(w.shape))
                 if key not in packs:
