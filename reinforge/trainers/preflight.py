@@ -145,6 +145,22 @@ def check_reward_function(spec: str, key: str, style: str | None = None) -> None
         raise ConfigError(f"{key}: {exc}") from None
 
 
+def check_reward_rows(functions: Sequence[tuple], files: Sequence[str]) -> None:
+    """Rows a reward function cannot score, before any model loads: each function that declares
+    `fn.check_rows(rows, path)` (e.g. reasoning_gym, which needs its stored entry) reads every
+    local file of `files`; its DataError names the file, the row and the key. `functions`:
+    (key, spec, style) triples as the plan lists them."""
+    from reinforge.data.io import load_rows
+    from reinforge.rewards.judge import JUDGE_NAME
+    from reinforge.rewards.registry import load_reward_fn
+
+    checks = [getattr(load_reward_fn(spec), "check_rows", None) for _, spec, _ in functions if spec != JUDGE_NAME]
+    for check in filter(None, checks):
+        for f in files:
+            if Path(str(f)).is_file():  # hf://datasets sources and rows handed over in Python: not read twice
+                check(load_rows(str(f)), str(f))
+
+
 def check_lora_targets(cfg) -> None:
     """RL with LoRA: each target module exists in model.path (read from the safetensors
     headers), so a typo fails here rather than in PEFT after the model has loaded."""
@@ -300,6 +316,7 @@ def check_rl_files(plan: RunPlan) -> None:
         from reinforge.agents.loop import agent_parts
 
         agent_parts(cfg.rollout)  # every tool and the environment imported (ConfigError naming the key)
+    check_reward_rows(plan.reward_functions, [*cfg.data.train_files, *cfg.data.val_files])
     check_lora_targets(cfg)
 
 
@@ -309,3 +326,5 @@ def check_supervised_files(plan: SupervisedPlan) -> None:
     check_lora_targets(plan.cfg)
     for key, spec, style in plan.reward_functions:
         check_reward_function(spec, key, style)
+    if plan.reward_functions:
+        check_reward_rows(plan.reward_functions, plan.cfg.eval.prompt_files)
