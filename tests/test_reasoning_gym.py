@@ -10,6 +10,7 @@ from reinforge.cli.main import main
 from reinforge.data.io import DataError
 from reinforge.data.reasoning_gym import INSTALL_HINT, make_reasoning_gym_data
 from reinforge.rewards.reasoning_gym import extract_answer, reasoning_gym_reward
+from tests.conftest import rl_overrides
 
 rg = pytest.importorskip("reasoning_gym")
 
@@ -138,6 +139,14 @@ def test_missing_extra_is_one_line(monkeypatch, tmp_path, capsys):
     assert err == [f"reinforge: error: reasoning-gym is not installed: {INSTALL_HINT}"]
 
 
+def test_missing_extra_is_refused_before_training(monkeypatch, task_files):
+    from reinforge.trainers.preflight import check_reward_rows
+
+    monkeypatch.setitem(sys.modules, "reasoning_gym", None)
+    with pytest.raises(DataError, match=r"^reasoning-gym is not installed: pip install 'reinforge\[reasoning\]'$"):
+        check_reward_rows([("reward.functions[0].name", "reasoning_gym", None)], [task_files["chain_sum"]["train"]])
+
+
 def test_rows_without_the_entry_are_refused_with_file_and_row(tmp_path, arith_data):
     from reinforge.trainers.preflight import check_reward_rows
 
@@ -179,3 +188,16 @@ def test_eval_cli_with_the_reasoning_gym_reward(tiny_model_dir, task_files, caps
     metrics = json.loads(capsys.readouterr().out)
     assert 0.0 <= metrics["val/acc_greedy"] <= 1.0 and 0.0 <= metrics["val/score_greedy"] <= 1.0
     assert "val/reasoning_gym/chain_sum/acc_greedy" in metrics and "val/pass@2" in metrics
+
+
+@pytest.mark.slow
+def test_one_grpo_step_with_the_reasoning_gym_reward(tiny_model_dir, task_files, tmp_path):
+    """`reward.functions=[{name: reasoning_gym}]` in a training run: rows, reward worker, metrics."""
+    data = {"train": task_files["chain_sum"]["train"], "test": task_files["chain_sum"]["test"]}
+    run = tmp_path / "run"
+    argv = ["train", "--config", "grpo", *rl_overrides(tiny_model_dir, data, str(run)), "trainer.total_steps=1",
+            "reward.functions=[{name: reasoning_gym}]", "data.max_prompt_length=160", "trainer.device=cpu"]
+    assert main(argv) == 0
+    rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    step = next(r for r in rows if r.get("step") == 1 and "reward/reasoning_gym/mean" in r)
+    assert 0.0 <= step["reward/reasoning_gym/mean"] <= 1.0

@@ -52,9 +52,11 @@ def reasoning_gym_reward(prompt: str, response: str, ground_truth, extra_info=No
 
 
 def check_rows(rows: list[dict], path: str) -> None:
-    """DataError naming the file, row and key of the first row this reward cannot score."""
-    from reinforge.data.reasoning_gym import stored_entry
+    """DataError naming the file, row and key of the first row this reward cannot score, or the
+    one line naming the extra when reasoning-gym is not installed."""
+    from reinforge.data.reasoning_gym import import_reasoning_gym, stored_entry
 
+    import_reasoning_gym()
     for i, row in enumerate(rows):
         stored_entry(row.get("extra_info"), path, i)
 
