@@ -157,6 +157,17 @@ def test_rows_without_the_entry_are_refused_with_file_and_row(tmp_path, arith_da
     check_reward_rows([("k", "exact_match", None)], [arith_data["train"]])  # other rewards: no row check
 
 
+def test_rows_handed_over_in_python_are_checked_too(tiny_model_dir, tmp_path, no_model_loads):
+    from reinforge import RLConfig, RLTrainer
+
+    cfg = RLConfig.from_preset("grpo", **{"model.path": tiny_model_dir, "trainer.run_dir": str(tmp_path / "run"),
+                                          "data.max_prompt_length": 8, "rollout.max_response_length": 4})
+    rows = [{"prompt": "1+1=", "ground_truth": "2", "extra_info": {"rg_task": "chain_sum"}}]
+    with pytest.raises(DataError, match=r"^python:train_dataset: row 0: field 'extra_info\.rg_options': missing"):
+        RLTrainer(cfg, reward_funcs=["reasoning_gym"], train_dataset=rows)
+    assert not (tmp_path / "run").exists()
+
+
 def test_through_the_dataset_and_the_reward_manager(task_files):
     """Rows read by RLDataset hand their extra_info to the reward; `acc` reaches the correctness rule,
     in a reward worker process, and `auto` dispatches reasoning_gym/<task> rows to the same scorer."""
