@@ -155,6 +155,11 @@ def test_rows_without_the_entry_are_refused_with_file_and_row(tmp_path, arith_da
     with pytest.raises(DataError, match="row 0: field 'extra_info': missing"):
         reasoning_gym_reward("p", "1", "1", extra_info=None)
     check_reward_rows([("k", "exact_match", None)], [arith_data["train"]])  # other rewards: no row check
+    from reinforge.rewards.reasoning_gym import check_rows
+
+    info = {"rg_task": "chain_sums", "rg_options": "{}", "rg_entry": "{}"}
+    with pytest.raises(DataError, match=r"^x\.jsonl: row 1: field 'extra_info\.rg_task': reasoning-gym has no task"):
+        check_rows([{"extra_info": {**info, "rg_task": "chain_sum"}}, {"extra_info": info}], "x.jsonl")
 
 
 def test_rows_handed_over_in_python_are_checked_too(tiny_model_dir, tmp_path, no_model_loads):

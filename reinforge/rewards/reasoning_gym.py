@@ -54,11 +54,14 @@ def reasoning_gym_reward(prompt: str, response: str, ground_truth, extra_info=No
 def check_rows(rows: list[dict], path: str) -> None:
     """DataError naming the file, row and key of the first row this reward cannot score, or the
     one line naming the extra when reasoning-gym is not installed."""
-    from reinforge.data.reasoning_gym import import_reasoning_gym, stored_entry
+    from reinforge.data.io import row_error
+    from reinforge.data.reasoning_gym import stored_entry, task_names
 
-    import_reasoning_gym()
+    tasks = set(task_names())  # the missing-extra line, first
     for i, row in enumerate(rows):
-        stored_entry(row.get("extra_info"), path, i)
+        task, _, _ = stored_entry(row.get("extra_info"), path, i)
+        if task not in tasks:
+            raise row_error(path, i, "extra_info.rg_task", f"reasoning-gym has no task '{task}' (this install)")
 
 
 reasoning_gym_reward.preload_modules = ("reasoning_gym",)
