@@ -76,7 +76,8 @@ def test_reward_equals_the_tasks_own_score_on_the_original_entry(task_files, nam
                 want = ds.score_answer(answer=extract_answer(reply, gt), entry=original)
                 assert got["score"] == pytest.approx(want) and got["acc"] == (want >= 1 - 1e-6), (reply, got, want)
                 checked += 1
-            assert reasoning_gym_reward("p", f"<answer>{gt}</answer>", gt, extra_info=info) == {"score": 1.0, "acc": True}
+            right = reasoning_gym_reward("p", f"<answer>{gt}</answer>", gt, extra_info=info)
+            assert right == {"score": 1.0, "acc": True}
     assert checked == 10 * len(_replies("x"))
 
 

@@ -130,8 +130,9 @@ def _data_reasoning_gym(args, options: dict) -> int:
     if not args.task or not args.out:
         raise ConfigError("reinforge data reasoning-gym needs a task and --out: reinforge data reasoning-gym TASK "
                           "[key=value ...] --out DIR (--list lists the tasks)")
+    instruction = DEFAULT_INSTRUCTION if args.instruction is None else args.instruction
     r = make_reasoning_gym_data(args.task, args.out, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
-                                instruction=DEFAULT_INSTRUCTION if args.instruction is None else args.instruction, system=args.system, options=options)
+                                instruction=instruction, system=args.system, options=options)
     print(f"train: {r['train']}\ntest: {r['test']} ({r['dropped']} test questions also in train dropped)\n"
           f"meta: {r['meta']}")
     return 0
