@@ -111,10 +111,30 @@ def cmd_data(args) -> int:
         for k, v in paths.items():
             print(f"{k}: {v}")
         return 0
+    if args.action == "reasoning-gym":
+        return _data_reasoning_gym(args, parse_overrides(args.options))
     from reinforge.data import preprocess_gsm8k, preprocess_math
 
     fn = {"gsm8k": preprocess_gsm8k, "math": preprocess_math}[args.action]
     print(fn(args.input, args.output))
+    return 0
+
+
+def _data_reasoning_gym(args, options: dict) -> int:
+    from reinforge.config.load import ConfigError
+    from reinforge.data.reasoning_gym import DEFAULT_INSTRUCTION, make_reasoning_gym_data, task_names
+
+    if args.list:
+        print("\n".join(task_names()))
+        return 0
+    if not args.task or not args.out:
+        raise ConfigError("reinforge data reasoning-gym needs a task and --out: reinforge data reasoning-gym TASK "
+                          "[key=value ...] --out DIR (--list lists the tasks)")
+    instruction = DEFAULT_INSTRUCTION if args.instruction is None else args.instruction
+    r = make_reasoning_gym_data(args.task, args.out, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
+                                instruction=instruction, system=args.system, options=options)
+    print(f"train: {r['train']}\ntest: {r['test']} ({r['dropped']} test questions also in train dropped)\n"
+          f"meta: {r['meta']}")
     return 0
 
 
@@ -197,7 +217,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-length", type=int, default=512)
     p.add_argument("--reward", default="exact_match")
     p.set_defaults(fn=_lazy("reinforge.cli.evaluate:main"))
-    p = sub.add_parser("data", help="make built-in task data or preprocess GSM8K / MATH files")
+    p = sub.add_parser("data", help="make built-in or reasoning-gym task data, or preprocess GSM8K / MATH files")
     dsub = p.add_subparsers(dest="action", required=True)
     mk = dsub.add_parser("make", help="write train/test/sft/prefs parquet files of a built-in task")
     mk.add_argument("task")
@@ -207,6 +227,19 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--n-sft", type=int, default=2000)
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("options", nargs="*", help="task options, e.g. digits=2")
+    rg = dsub.add_parser("reasoning-gym", help="write train/test parquet files of a reasoning-gym task "
+                                               "(pip install 'reinforge[reasoning]'); --list lists the tasks")
+    rg.add_argument("task", nargs="?", default=None, help="a reasoning-gym task name, e.g. chain_sum")
+    rg.add_argument("options", nargs="*", help="task options, e.g. min_terms=2 max_digits=2")
+    rg.add_argument("--out", default=None, help="output folder for train.parquet, test.parquet, reasoning_gym.json")
+    rg.add_argument("--n-train", type=int, default=2000)
+    rg.add_argument("--n-test", type=int, default=200)
+    rg.add_argument("--seed", type=int, default=0, help="train and test are entries 0..n_train-1 and the next "
+                                                        "n_test of the task's generator at this seed")
+    rg.add_argument("--instruction", default=None, help="appended to each question on a new line ('' for none; "
+                                                        "default: 'Put your final answer in <answer></answer>.')")
+    rg.add_argument("--system", default="", help="a system message before the question (default: none)")
+    rg.add_argument("--list", action="store_true", help="list reasoning-gym's tasks")
     for src in ("gsm8k", "math"):
         pp = dsub.add_parser(src, help=f"convert raw {src} rows (parquet/JSONL) into reinforge's RL schema")
         pp.add_argument("input")
