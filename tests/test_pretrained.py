@@ -244,3 +244,6 @@ def test_cli_copies_the_folder_and_configs_name_it(smollm2_folder, arith_data, t
     assert main(["sft", "--config", "sft", f"data.train_files=[{arith_data['sft']}]",
                  f"model.path=pretrained:{SMOL}", "--dry-run"]) == 0
     assert f"model.path={smollm2_folder} (llama, 134.52M parameters" in capsys.readouterr().out
+    from reinforge.models.loading import load_tokenizer
+
+    assert load_tokenizer(f"pretrained:{SMOL}").name_or_path == str(smollm2_folder)  # the Python loaders too
