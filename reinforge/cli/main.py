@@ -137,7 +137,7 @@ def _data_reasoning_gym(args, options: dict) -> int:
     r = make_reasoning_gym_data(args.task, args.out, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
                                 instruction=instruction, system=args.system, options=options)
     print(f"train: {r['train']}\ntest: {r['test']} ({r['dropped']} test questions also in train dropped)\n"
-          f"meta: {r['meta']}")
+          f"sft: {r['sft']}\nmeta: {r['meta']}")
     return 0
 
 
