@@ -264,7 +264,7 @@ def test_lora_grpo_on_the_real_vocabulary_rolls_out_and_exports_the_adapted_mode
     assert not torch.equal(merged.model.layers[0].self_attn.q_proj.weight, base.model.layers[0].self_attn.q_proj.weight)
     prompts = prompts_batch(trainer.val_items[:2], 0)
     got = trainer.rollout.generate(prompts, n=1, greedy=True)
-    want = LeanRollout(merged, trainer.tokenizer, max_prompt_length=96, max_response_length=12).generate(
+    want = LeanRollout(merged, trainer.tok, max_prompt_length=96, max_response_length=12).generate(
         prompts, n=1, greedy=True)
     assert torch.equal(got["responses"] * got["response_mask"], want["responses"] * want["response_mask"])
 
