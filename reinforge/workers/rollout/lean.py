@@ -46,12 +46,12 @@ import torch
 
 from reinforge.algos.logprobs import filter_active, sampling_filter_, sampling_log_probs
 from reinforge.models.forward import unwrap_peft
-from reinforge.workers.rollout.base import RolloutCapabilities
+from reinforge.workers.rollout.base import LEAN_MODEL_TYPES, RolloutCapabilities
 from reinforge.workers.rollout.decode_weights import DTYPES, cast_weights
 from reinforge.workers.rollout.hf import HFRollout
 from reinforge.workers.rollout.packed_linears import linear_only_weights, packed_linears, should_pack
 
-SUPPORTED = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl")  # VLMs: their language model, images via vlm.py
+SUPPORTED = LEAN_MODEL_TYPES  # VLMs: their language model, images via vlm.py
 LARGE_VOCAB = 1 << 16
 """Vocabularies from which sampling uses `sample_inverse_cdf` (the demo's has 99 ids)."""
 
