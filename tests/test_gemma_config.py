@@ -148,3 +148,32 @@ def test_lean_drives_reads_the_config_without_torch():
     assert lean_drives({"model_type": "llama"}) and lean_drives({"model_type": "qwen3", "layer_types": ["full_attention"]})
     assert not lean_drives({"model_type": "gemma3_text"})
     assert not lean_drives({"model_type": "qwen2", "layer_types": ["full_attention", "sliding_attention"]})
+
+
+def test_plain_text_prompts_start_with_the_tokenizers_bos(real_tok, smollm2_tiny_folder, tmp_path):
+    """A tokenizer that adds BOS (Gemma's <bos>; here Llama 3's <|begin_of_text|>, fetched with the
+    real vocabularies) gives plain-text prompts their BOS in RL, SFT and preference rows, once:
+    a chat-rendered prompt, whose template writes BOS, does not get a second. Gemma-3-270M
+    without it: greedy `12+30=` -> `30303030` (with: `42`). ChatML tokenizers add none."""
+    from reinforge.data import RLDataset, write_rows
+    from reinforge.data.preference import PreferenceDataset
+    from reinforge.data.sft import SFTDataset
+    from reinforge.data.text import bos_prefix
+    from reinforge.models.loading import load_tokenizer
+
+    tok = real_tok("llama-3.2-1b")
+    bos = tok.convert_tokens_to_ids("<|begin_of_text|>")
+    assert bos_prefix(tok) == [bos] and bos_prefix(load_tokenizer(smollm2_tiny_folder)) == []
+    chat = [{"role": "user", "content": "12+30="}]
+    rl = write_rows([{"prompt": "12+30=", "reward_model": {"ground_truth": "42"}},
+                     {"prompt": chat, "reward_model": {"ground_truth": "42"}}], str(tmp_path / "rl.jsonl"))
+    plain, templated = [it["prompt_ids"] for it in RLDataset(rl, tok, max_prompt_length=64)]
+    assert plain == [bos] + tok("12+30=", add_special_tokens=False)["input_ids"]
+    assert templated[0] == bos and templated.count(bos) == 1
+    sft = SFTDataset(write_rows([{"prompt": "12+30=", "response": "42"}], str(tmp_path / "sft.jsonl")), tok,
+                     max_length=64).items[0]
+    assert sft["input_ids"][0] == bos and sft["input_ids"].count(bos) == 1 and sft["loss_mask"][0] == 0
+    assert sft["input_ids"] == plain + tok("42", add_special_tokens=False)["input_ids"] + [tok.eos_token_id]
+    pref = PreferenceDataset(write_rows([{"prompt": "12+30=", "chosen": "42", "rejected": "43"}],
+                                        str(tmp_path / "p.jsonl")), tok, max_length=64).items[0]
+    assert pref["prompt_ids"] == plain
