@@ -145,7 +145,8 @@ def test_lean_falls_back_to_generate_and_async_is_refused(tmp_path):
 def test_lean_drives_reads_the_config_without_torch():
     from reinforge.workers.rollout.base import lean_drives
 
-    assert lean_drives({"model_type": "llama"}) and lean_drives({"model_type": "qwen3", "layer_types": ["full_attention"]})
+    assert lean_drives({"model_type": "llama"})
+    assert lean_drives({"model_type": "qwen3", "layer_types": ["full_attention"]})
     assert not lean_drives({"model_type": "gemma3_text"})
     assert not lean_drives({"model_type": "qwen2", "layer_types": ["full_attention", "sliding_attention"]})
 
