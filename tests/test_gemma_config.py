@@ -104,7 +104,7 @@ def test_scaled_embedding_is_kept_by_the_tied_lookup(monkeypatch):
     torch.testing.assert_close(emb(ids), emb.weight[ids] * math.sqrt(H))
 
 
-def test_lean_falls_back_to_generate_and_async_is_refused(tmp_path):
+def test_lean_falls_back_to_generate_and_async_is_refused(tmp_path, capsys):
     from reinforge.config.load import ConfigError
     from reinforge.protocol import Batch
     from reinforge.workers.rollout import check_rollout_backend
@@ -125,7 +125,13 @@ def test_lean_falls_back_to_generate_and_async_is_refused(tmp_path):
         def decode(self, row, **kw):
             return " ".join(map(str, row))
 
+    from reinforge.workers.rollout import lean
+
+    lean._TOLD.discard("gemma3_text")
     rollout = LeanRollout(model, Tok(), max_prompt_length=6, max_response_length=5)
+    LeanRollout(model, Tok(), max_prompt_length=6, max_response_length=5)
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "the lean loop does not drive model_type 'gemma3_text'" in err  # said once
     assert not rollout.capabilities.async_ok and not rollout.supports_refresh
     prompts = Batch({"uid": torch.arange(2)}, {"prompt_ids": [[2, 10, 11, 12], [2, 20, 21]]})
     out = rollout.generate(prompts, n=1, greedy=True)

@@ -135,6 +135,21 @@ class StaticCache:
                            [v.index_select(0, index) for v in self.values], self.pos)
 
 
+_TOLD: set = set()  # model types whose fallback was announced (once a process)
+
+
+def _say_fallback(cfg) -> None:
+    """One stderr line, once per model type, that the lean loop falls back to generate()."""
+    import sys
+
+    kind = cfg.model_type
+    if kind not in _TOLD:
+        _TOLD.add(kind)
+        print(f"[reinforge] rollout.backend=lean: the lean loop does not drive model_type {kind!r} (it drives "
+              f"{', '.join(SUPPORTED)} with full attention); generating with transformers' generate(), as "
+              "rollout.backend=hf does", file=sys.stderr)
+
+
 class LeanRollout(HFRollout):
     """HFRollout with the decoding loop above (generate() for unsupported architectures).
 
@@ -148,6 +163,8 @@ class LeanRollout(HFRollout):
         super().__init__(model, tokenizer, **kw)
         self.lean = lean_supported(model)
         self.capabilities = RolloutCapabilities(async_ok=self.lean)
+        if not self.lean:
+            _say_fallback(unwrap_peft(model).config)
         if dtype not in ("model", *DTYPES):
             raise ValueError(f"rollout.dtype={dtype!r} is not known; valid: {['model', *DTYPES]} (or auto in a config)")
         self.decode_dtype = DTYPES.get(dtype)
