@@ -39,6 +39,18 @@ SKIP = {
     ("README.md", "make demo"): "minutes of training; tests/test_demo.py runs `reinforge demo --quick`",
     ("README.md", "make test"): "the test suite itself",
     ("README.md", "reinforge demo --task calculator"): "minutes of training; docs/agents.md runs its stages with tiny steps",
+    **{("models_and_data.md", start): "the full SmolLM2 / Gemma pipeline, minutes a stage on 2 cores; "
+                                      "tests/test_real_model_pipeline.py runs each stage on the 2-layer copy"
+       for start in ("reinforge sft --config sft model.path=pretrained:smollm2-135m-instruct "
+                     "'data.train_files=[data/rg/",
+                     "reinforge data pairs --model runs/sft/hf", "reinforge rm --config rm model.path=runs/sft/hf",
+                     "reinforge train --config ppo model.path=runs/sft/hf",
+                     "reinforge dpo --config dpo model.path=runs/sft/hf",
+                     "reinforge dpo --config kto model.path=runs/sft/hf",
+                     "reinforge train --config grpo model.path=runs/sft/hf",
+                     "reinforge eval --model runs/async_grpo/hf", "reinforge eval --model pretrained:gemma3-270m",
+                     "reinforge sft --config sft model.path=pretrained:gemma3-270m",
+                     "reinforge train --config grpo model.path=runs/gemma_sft/hf")},
     ("distributed.md", "ray start"): "starts a Ray cluster",
     ("distributed.md", "reinforge train"): "needs the Ray cluster of 2 nodes x 8 GPUs started above",
 }

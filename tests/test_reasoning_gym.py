@@ -106,6 +106,10 @@ def test_data_files_schema_and_disjoint_splits(tmp_path, capsys):
     info = row["extra_info"]
     assert (info["rg_task"], info["rg_seed"], info["split"]) == ("chain_sum", 3, "train")
     assert json.loads(info["rg_options"]) == {"min_terms": 2, "max_terms": 2, "max_digits": 1}
+    sft = _rows(str(out / "sft.parquet"))  # the train prompts answered with the gold, as chat rows
+    assert len(sft) == 60 and [dict(m) for m in sft[0]["messages"]] == [
+        *map(dict, row["prompt"]), {"role": "assistant", "content": f"<answer>{row['reward_model']['ground_truth']}</answer>"}]
+    assert f"sft: {out / 'sft.parquet'}" in printed
     # the same seed writes the same rows
     again = make_reasoning_gym_data("chain_sum", str(tmp_path / "again"), n_train=60, n_test=40, seed=3,
                                     system="Be brief.", options={"min_terms": 2, "max_terms": 2, "max_digits": 1})

@@ -114,6 +114,8 @@ def cmd_data(args) -> int:
         return 0
     if args.action == "reasoning-gym":
         return _data_reasoning_gym(args, parse_overrides(args.options))
+    if args.action == "pairs":
+        return _load("reinforge.cli.pairs:main")(args)
     from reinforge.data import preprocess_gsm8k, preprocess_math
 
     fn = {"gsm8k": preprocess_gsm8k, "math": preprocess_math}[args.action]
@@ -135,7 +137,7 @@ def _data_reasoning_gym(args, options: dict) -> int:
     r = make_reasoning_gym_data(args.task, args.out, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
                                 instruction=instruction, system=args.system, options=options)
     print(f"train: {r['train']}\ntest: {r['test']} ({r['dropped']} test questions also in train dropped)\n"
-          f"meta: {r['meta']}")
+          f"sft: {r['sft']}\nmeta: {r['meta']}")
     return 0
 
 
@@ -280,6 +282,19 @@ def build_parser() -> argparse.ArgumentParser:
                                                         "default: 'Put your final answer in <answer></answer>.')")
     rg.add_argument("--system", default="", help="a system message before the question (default: none)")
     rg.add_argument("--list", action="store_true", help="list reasoning-gym's tasks")
+    pr = dsub.add_parser("pairs", help="DPO pairs and KTO rows from a model's own samples, ranked by a reward "
+                                         "(prefs.parquet, kto.parquet)")
+    pr.add_argument("--model", required=True, help="the model folder that samples (pretrained:NAME works)")
+    pr.add_argument("--data", required=True, help="an RL-schema prompt file (parquet/JSONL)")
+    pr.add_argument("--reward", required=True, help="the reward function that ranks the samples, e.g. reasoning_gym")
+    pr.add_argument("--out", required=True, help="output folder for prefs.parquet, kto.parquet, pairs.json")
+    pr.add_argument("--n", type=int, default=4, help="samples per prompt")
+    pr.add_argument("--temperature", type=float, default=1.0)
+    pr.add_argument("--max-samples", type=int, default=200, help="the first this many prompts")
+    pr.add_argument("--max-prompt-length", type=int, default=512)
+    pr.add_argument("--max-response-length", type=int, default=256)
+    pr.add_argument("--batch-size", type=int, default=16, help="prompts per generation call")
+    pr.add_argument("--seed", type=int, default=0)
     for src in ("gsm8k", "math"):
         pp = dsub.add_parser(src, help=f"convert raw {src} rows (parquet/JSONL) into reinforge's RL schema")
         pp.add_argument("input")

@@ -9,7 +9,7 @@ from reinforge.data.images import (DEFAULT_MAX_PIXELS, base_dir, encode_image_pr
                                    render_messages, require_processor, text_tokenizer)
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
 from reinforge.data.sft import collate_sft
-from reinforge.data.text import encode, nonempty_ids, render_prompt, response_text
+from reinforge.data.text import encode, nonempty_ids, render_prompt, response_text, with_bos
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
     import torch
@@ -37,7 +37,7 @@ def prompts_with_images(rows: list[dict], tokenizer, path: str, max_pixels: int)
     for i, (messages, images) in visual.items():
         ids[i], vision = encode_image_prompt(tokenizer, prompts[i], images)
         visual[i] = (messages, images, vision)
-    return prompts, visual, nonempty_ids(ids, path, "prompt")
+    return prompts, visual, with_bos(tok, nonempty_ids(ids, path, "prompt"))
 
 
 def _add_images(item: dict, image_row: tuple) -> dict:

@@ -151,12 +151,23 @@ def _rows(name: str, ds, options_json: str, seed: int, indices: range, split: st
     return rows
 
 
+def sft_rows(rows: list[dict], instruction: str) -> list[dict]:
+    """Chat SFT rows {"messages": the row's prompt + an assistant turn with the gold answer} of
+    the RL rows that have one: `<answer>GOLD</answer>` when the instruction asks for the tag (the
+    default), else the answer alone; the reply the reward scores 1."""
+    tagged = "<answer>" in (instruction or "")
+    return [{"messages": [*r["prompt"], {"role": "assistant", "content": f"<answer>{gold}</answer>" if tagged
+                                         else gold}]}
+            for r in rows if (gold := r["reward_model"]["ground_truth"])]
+
+
 def make_reasoning_gym_data(name: str, out_dir: str, *, n_train: int = 2000, n_test: int = 200, seed: int = 0,
                             instruction: str = DEFAULT_INSTRUCTION, system: str = "",
                             options: dict[str, Any] | None = None) -> dict:
     """Write train.parquet and test.parquet of reasoning-gym task `name` (with its `options`) to
-    out_dir, and reasoning_gym.json (task, options, seed, row counts, test duplicates dropped).
-    Returns {"train", "test", "meta": paths, "dropped": int}."""
+    out_dir, sft.parquet (sft_rows: the train prompts answered with the gold answer, for SFT on
+    chat rows), and reasoning_gym.json (task, options, seed, row counts, test duplicates dropped).
+    Returns {"train", "test", "sft", "meta": paths, "dropped": int}."""
     options = dict(options or {})
     if n_train < 1 or n_test < 1:
         raise DataError(f"--n-train and --n-test must be >= 1, got {n_train} and {n_test}")
@@ -172,7 +183,8 @@ def make_reasoning_gym_data(name: str, out_dir: str, *, n_train: int = 2000, n_t
     for k, r in enumerate(kept):
         r["extra_info"]["index"] = k
     paths = {"train": write_rows(train, os.path.join(out_dir, "train.parquet")),
-             "test": write_rows(kept, os.path.join(out_dir, "test.parquet"))}
+             "test": write_rows(kept, os.path.join(out_dir, "test.parquet")),
+             "sft": write_rows(sft_rows(train, instruction), os.path.join(out_dir, "sft.parquet"))}
     meta = {"task": name, "options": options, "seed": seed, "n_train": len(train), "n_test": len(kept),
             "test_duplicates_dropped": len(test) - len(kept), "instruction": instruction, "system": system,
             "reasoning_gym": _version()}

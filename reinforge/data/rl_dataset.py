@@ -8,7 +8,7 @@ from reinforge.data.hf_datasets import source_name
 from reinforge.data.images import (DEFAULT_MAX_PIXELS, IMAGE_COLUMNS, base_dir, encode_image_prompt, has_images,
                                    image_prompt, render_messages, require_processor, text_tokenizer)
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
-from reinforge.data.text import encode, nonempty_ids, render_prompt
+from reinforge.data.text import encode, nonempty_ids, render_prompt, with_bos
 
 GROUND_TRUTH_COLUMNS = ("ground_truth", "answer", "solution")  # TRL-style, tried in this order
 OVERLONG_POLICIES = ("error", "skip", "truncate_left")
@@ -105,7 +105,7 @@ class RLDataset(ItemsDataset):
         vision = {}  # row -> PromptImages: the pixels the rollout and the log-prob forwards see
         for i, (messages, images) in visual.items():
             all_ids[i], vision[i] = encode_image_prompt(tokenizer, texts[i], images)
-        all_ids = nonempty_ids(all_ids, self.path, prompt_key)
+        all_ids = with_bos(text_tokenizer(tokenizer), nonempty_ids(all_ids, self.path, prompt_key))
         for i, (text, ids, (gt, extra)) in enumerate(zip(texts, all_ids, meta)):
             if len(ids) > max_prompt_length:
                 if overlong_prompt == "error" or (i in visual and overlong_prompt == "truncate_left"):

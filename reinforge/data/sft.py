@@ -27,7 +27,7 @@ from reinforge.data.images import (DEFAULT_MAX_PIXELS, base_dir, encode_image_pr
                                    render_messages, require_processor, text_tokenizer)
 from reinforge.models.padding import pad
 from reinforge.data.io import DataError, ItemsDataset, file_label, require_columns, row_error
-from reinforge.data.text import check_messages, encode, render_prompt, response_text
+from reinforge.data.text import bos_prefix, check_messages, encode, render_prompt, response_text
 
 if TYPE_CHECKING:  # torch is imported where a batch is built, not at package import
     import torch
@@ -133,8 +133,9 @@ class SFTDataset(ItemsDataset):
     """Items {"input_ids": list[int] (L_i,), "loss_mask": list[int] (L_i,)}.
 
     input_ids are the row's pieces (row_pieces) encoded one by one and joined, plus an EOS when
-    the last target does not already end with one; loss_mask is 1 on target tokens (and that
-    EOS: the model must learn to stop), 0 on context. loss_mask[t] marks token t as a target, so
+    the last target does not already end with one, after the tokenizer's BOS when it adds one and
+    the row's text does not start with it (data/text.bos_prefix: Gemma's, Llama 3's on plain-text
+    rows); loss_mask is 1 on target tokens (and that EOS: the model must learn to stop), 0 on context. loss_mask[t] marks token t as a target, so
     with next-token logits the trainer uses loss_mask[:, 1:] against input_ids[:, 1:].
     """
 
@@ -167,7 +168,7 @@ class SFTDataset(ItemsDataset):
             pieces, context_field, _ = rows_pieces[i]
             flat[starts[i]:starts[i + 1]], vision[i] = encode_image_pieces(tokenizer, pieces, images, self.path, i,
                                                                            context_field)
-        eos = tok.eos_token_id
+        eos, bos = tok.eos_token_id, bos_prefix(tok)
         self.items, self.num_skipped, at = [], 0, 0
         for i, (pieces, context_field, target_field) in enumerate(rows_pieces):
             ids, mask = [], []
@@ -181,6 +182,8 @@ class SFTDataset(ItemsDataset):
                                                          "(does its vocabulary cover the text?)")
             if ids[-1] != eos:
                 ids, mask = ids + [eos], mask + [1]
+            if bos and ids[:len(bos)] != bos:  # a plain-text row starts with the BOS a template would write
+                ids, mask = bos + ids, [0] * len(bos) + mask
             if i in visual:
                 check_target_placeholders(ids, mask, tokenizer.image_token_id, self.path, i, target_field)
             fitted = fit_length(ids, mask, max_length, overlong, self.path, i, target_field)

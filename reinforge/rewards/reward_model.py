@@ -37,11 +37,13 @@ class RewardModelScorer:
 
     @torch.no_grad()
     def score(self, prompts: list[str], responses: list[str]) -> list[float]:
+        from reinforge.data.text import with_bos  # plain-text prompts get the BOS training gave them
+
         out: list[float] = []
         for start in range(0, len(prompts), self.batch_size):
             stop = start + self.batch_size
             texts = [p + r for p, r in zip(prompts[start:stop], responses[start:stop])]
-            ids = self.tokenizer(texts, add_special_tokens=False)["input_ids"]
+            ids = with_bos(self.tokenizer, self.tokenizer(texts, add_special_tokens=False)["input_ids"])
             if self.append_eos:
                 ids = [x + [self.tokenizer.eos_token_id] for x in ids]
             input_ids, attention_mask = (t.to(self.device) for t in pad(ids, self.pad_id))

@@ -128,12 +128,33 @@ def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1,
     if staleness > 0 and not caps.async_ok:
         able = " or ".join(f"rollout.backend={n}" for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.async_ok)
         raise ConfigError(f"rollout.staleness={staleness} needs {able} (got {name!r}); or set rollout.staleness=0")
+    if staleness > 0 and name == "lean":
+        _check_lean_drives(model_path, staleness)
     if max_turns > 1 and not caps.continues:
         able = " or ".join(n for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.continues)
         raise ConfigError(f"rollout.max_turns={max_turns} runs on the {able} backend (scripts/gpu_agent_check.py "
                           f"drives vLLM); set rollout.backend=lean")
     if entry.check_config is not None:
         entry.check_config(temperatures=dict(temperatures or {}), model_path=model_path)
+
+
+def _check_lean_drives(model_path: str | None, staleness: int) -> None:
+    """The asynchronous producer needs the lean loop itself, not its generate() fallback: refuse a
+    model folder (config.json read without torch) whose layers the loop cannot drive."""
+    import json
+    from pathlib import Path
+
+    from reinforge.config.load import ConfigError
+    from reinforge.workers.rollout.base import LEAN_MODEL_TYPES, lean_drives
+
+    cfg = Path(model_path) / "config.json" if model_path else None
+    if cfg is None or not cfg.is_file():  # a hub id not yet fetched: the producer's start checks it
+        return
+    config = json.loads(cfg.read_text(encoding="utf-8"))
+    if not lean_drives(config):
+        raise ConfigError(f"rollout.staleness={staleness} needs the lean decoding loop, which does not drive "
+                          f"model.path={model_path!r} (model_type {config.get('model_type')!r}; it drives "
+                          f"{', '.join(LEAN_MODEL_TYPES)} with full attention in every layer); set rollout.staleness=0")
 
 
 def check_rollout_device(name: str, device: str) -> None:

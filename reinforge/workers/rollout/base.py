@@ -19,6 +19,18 @@ if TYPE_CHECKING:  # the registry (and config checks through it) import this mod
     from reinforge.protocol import Batch
 
 
+LEAN_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl")
+"""The model types whose decoder layers the lean loop drives (lean.py; a VLM's language model)."""
+
+
+def lean_drives(config: dict) -> bool:
+    """Whether the lean loop drives a model of this config.json (as a dict, read without torch):
+    one of LEAN_MODEL_TYPES with full attention in every layer (not Gemma's sliding windows)."""
+    text = config.get("text_config") or config
+    return (config.get("model_type") in LEAN_MODEL_TYPES
+            and set(text.get("layer_types") or ["full_attention"]) == {"full_attention"})
+
+
 @dataclass(frozen=True)
 class RolloutCapabilities:
     continues: bool = True

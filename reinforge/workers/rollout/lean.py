@@ -46,12 +46,12 @@ import torch
 
 from reinforge.algos.logprobs import filter_active, sampling_filter_, sampling_log_probs
 from reinforge.models.forward import unwrap_peft
-from reinforge.workers.rollout.base import RolloutCapabilities
+from reinforge.workers.rollout.base import LEAN_MODEL_TYPES, RolloutCapabilities
 from reinforge.workers.rollout.decode_weights import DTYPES, cast_weights
 from reinforge.workers.rollout.hf import HFRollout
 from reinforge.workers.rollout.packed_linears import linear_only_weights, packed_linears, should_pack
 
-SUPPORTED = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl")  # VLMs: their language model, images via vlm.py
+SUPPORTED = LEAN_MODEL_TYPES  # VLMs: their language model, images via vlm.py
 LARGE_VOCAB = 1 << 16
 """Vocabularies from which sampling uses `sample_inverse_cdf` (the demo's has 99 ids)."""
 
@@ -135,6 +135,21 @@ class StaticCache:
                            [v.index_select(0, index) for v in self.values], self.pos)
 
 
+_TOLD: set = set()  # model types whose fallback was announced (once a process)
+
+
+def _say_fallback(cfg) -> None:
+    """One stderr line, once per model type, that the lean loop falls back to generate()."""
+    import sys
+
+    kind = cfg.model_type
+    if kind not in _TOLD:
+        _TOLD.add(kind)
+        print(f"[reinforge] rollout.backend=lean: the lean loop does not drive model_type {kind!r} (it drives "
+              f"{', '.join(SUPPORTED)} with full attention); generating with transformers' generate(), as "
+              "rollout.backend=hf does", file=sys.stderr)
+
+
 class LeanRollout(HFRollout):
     """HFRollout with the decoding loop above (generate() for unsupported architectures).
 
@@ -148,6 +163,8 @@ class LeanRollout(HFRollout):
         super().__init__(model, tokenizer, **kw)
         self.lean = lean_supported(model)
         self.capabilities = RolloutCapabilities(async_ok=self.lean)
+        if not self.lean:
+            _say_fallback(unwrap_peft(model).config)
         if dtype not in ("model", *DTYPES):
             raise ValueError(f"rollout.dtype={dtype!r} is not known; valid: {['model', *DTYPES]} (or auto in a config)")
         self.decode_dtype = DTYPES.get(dtype)
