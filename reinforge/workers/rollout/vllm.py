@@ -98,6 +98,65 @@ def preserved_global_rngs():
             torch.cuda.set_rng_state_all(cuda)
 
 
+_SET_NUM_THREADS = torch.set_num_threads
+"""torch's own setter: vLLM's CPU worker replaces torch.set_num_threads with a no-op when it starts
+(its threads are bound by then); in this process the trainer's calls must keep working."""
+
+
+@contextlib.contextmanager
+def _kept_set_num_threads():
+    """Puts torch.set_num_threads back after vLLM's CPU worker replaced it (see _SET_NUM_THREADS)."""
+    try:
+        yield
+    finally:
+        torch.set_num_threads = _SET_NUM_THREADS
+
+
+def vllm_on_cpu() -> bool:
+    """Whether the installed vLLM runs on the CPU (its CPU build): vLLM's platform says, not the
+    trainer's device."""
+    from vllm.platforms import current_platform
+
+    return bool(current_platform.is_cpu())
+
+
+def reload_into(worker, items) -> None:
+    """Runs in vLLM's worker (collective_rpc): (HF name, tensor) pairs into its model in place.
+
+    vLLM's `reload_weights(weights_iterator=...)` loads each layer and reruns its post-load
+    processing: on the CPU platform every linear layer repacks its weight into a kernel layout
+    and drops the loaded tensor, so a bare `model.load_weights` fails there (`Parameter` has no
+    `weight_loader`). A tied LM head is not loaded by name (its weight is the embedding's), so
+    the reload leaves it packed from the old weights (measured: log-probs off by up to 7.8 nats
+    on the tiny Qwen2 after a sync): every module sharing a weight with another is processed
+    again (repack_tied). A vLLM whose runner has no iterator reload (older than the pinned
+    floor's reading) gets the bare load_weights, as before."""
+    import inspect
+
+    runner = worker.model_runner
+    reload = getattr(runner, "reload_weights", None)
+    if reload is not None and "weights_iterator" in inspect.signature(reload).parameters:
+        reload(weights_iterator=items)
+        repack_tied(runner.get_model())
+    else:
+        runner.get_model().load_weights(items)
+
+
+def repack_tied(model) -> None:
+    """Reruns the post-load processing of every module whose `weight` another module holds too
+    (a tied LM head and its embedding): their kernel copies are rebuilt from the shared tensor
+    (for unquantized embeddings and heads the processing keeps `weight`, so it can run twice)."""
+    owners: dict[int, list] = {}
+    for module in model.modules():
+        w = module._parameters.get("weight")
+        if w is not None:
+            owners.setdefault(id(w), []).append(module)
+    for module in (m for mods in owners.values() if len(mods) > 1 for m in mods):
+        method = getattr(module, "quant_method", None)
+        if method is not None and hasattr(method, "process_weights_after_loading"):
+            method.process_weights_after_loading(module)
+
+
 class VLLMRollout:
     """Same contract as HFRollout.generate (rollout_log_probs included), on an engine holding its
     own weights, loaded from `model_path` and refreshed from the actor by sync_weights."""
@@ -107,10 +166,13 @@ class VLLMRollout:
     def __init__(self, actor_model, tokenizer, *, max_prompt_length: int, max_response_length: int,
                  model_path: str, tokenizer_path: str | None = None, top_p: float = 1.0, top_k: int = 0,
                  ignore_eos: bool = False, gpu_memory_utilization: float = 0.5, seed: int = 0,
-                 trust_remote_code: bool = False, weight_items=hf_tensors, **llm_kwargs):
+                 trust_remote_code: bool = False, weight_items=hf_tensors, cpu_kv_cache_gb: float = 1.0,
+                 cpu_threads: int = 0, enforce_eager: bool = False, **llm_kwargs):
         """`weight_items(actor_model)` -> (HF name, tensor) pairs, LoRA merged out of place (a Ray
         rank streams them from its shards); `llm_kwargs` go to vLLM's LLM(...) (a Ray rank adds
-        sleep mode and the external launcher: with enable_sleep_mode the engine starts asleep)."""
+        sleep mode and the external launcher: with enable_sleep_mode the engine starts asleep).
+        On vLLM's CPU platform `cpu_kv_cache_gb` sizes the KV cache (GiB) and `cpu_threads` > 0
+        is the intra-op threads the engine's calls run with (0: the process's)."""
         from reinforge.models.forward import unwrap_peft
 
         check_unquantized(getattr(unwrap_peft(actor_model), "config", None), f"model.path={model_path!r}")
@@ -121,15 +183,19 @@ class VLLMRollout:
         self.P, self.T = max_prompt_length, max_response_length
         self.top_p, self.top_k, self.ignore_eos = top_p, top_k, ignore_eos
         self.eos_ids = stop_token_ids(tokenizer, actor_model)
+        self.on_cpu, self.cpu_threads = vllm_on_cpu(), cpu_threads
+        if self.on_cpu:  # vLLM's CPU worker sizes its KV cache from this (else a share of all RAM)
+            llm_kwargs.setdefault("kv_cache_memory_bytes", int(cpu_kv_cache_gb * 2 ** 30))
         sleeps = bool(llm_kwargs.get("enable_sleep_mode"))
-        self.capabilities = RolloutCapabilities(continues=False, needs_gpu=True, own_weights=True,
+        self.capabilities = RolloutCapabilities(continues=False, needs_gpu=not self.on_cpu, own_weights=True,
                                                 per_prompt_seeds=True, sleeps=sleeps)
         dtype = next(actor_model.parameters()).dtype
-        with preserved_global_rngs():  # the engine seeds python, numpy and torch with `seed`
+        with preserved_global_rngs(), self._threads(), _kept_set_num_threads():
             self.llm = LLM(model=model_path, tokenizer=tokenizer_path or model_path,
                            dtype=str(dtype).removeprefix("torch."), gpu_memory_utilization=gpu_memory_utilization,
                            max_model_len=self.P + self.T, seed=seed, enable_prefix_caching=True,
-                           logprobs_mode="processed_logprobs", trust_remote_code=trust_remote_code, **llm_kwargs)
+                           logprobs_mode="processed_logprobs", trust_remote_code=trust_remote_code,
+                           enforce_eager=enforce_eager, **llm_kwargs)
         self.sync_weights(actor_model)  # the actor may be a LoRA-wrapped or resumed model
         if sleeps:
             self.sleep()
@@ -140,7 +206,8 @@ class VLLMRollout:
         (required), tokenizer_path, seed, trust_remote_code and a rank's extras."""
         return cls(actor_model, tokenizer, max_prompt_length=max_prompt_length, max_response_length=r.max_response_length,
                    top_p=r.top_p, top_k=r.top_k, ignore_eos=r.ignore_eos,
-                   gpu_memory_utilization=r.gpu_memory_utilization, **engine_kw)
+                   gpu_memory_utilization=r.gpu_memory_utilization, cpu_kv_cache_gb=r.cpu_kv_cache_gb,
+                   cpu_threads=r.cpu_threads, enforce_eager=r.enforce_eager, **engine_kw)
 
     def with_model(self, model):
         raise NotImplementedError("the vLLM engine holds its own weights: sync_weights refreshes them")
@@ -168,9 +235,25 @@ class VLLMRollout:
         self.load_weights(self.weight_items(actor_model))
 
     def load_weights(self, items) -> None:
-        """(Hugging Face name, tensor) pairs, any iterable (a Ray rank streams them from its shards)."""
-        self.llm.apply_model(lambda model: model.load_weights(iter(items)))
+        """(Hugging Face name, tensor) pairs, any iterable (a Ray rank streams them from its shards),
+        through vLLM's in-place reload, which reruns each layer's post-load processing (reload_into)."""
+        with self._threads():
+            self.llm.collective_rpc(reload_into, args=(iter(items),))
         self.llm.reset_prefix_cache()  # cached KV was computed with the old weights
+
+    @contextlib.contextmanager
+    def _threads(self):
+        """The engine's calls under `cpu_threads` intra-op threads (the in-process CPU engine runs
+        its kernels on the process's OpenMP threads), restored after; 0: unchanged."""
+        if not self.cpu_threads:
+            yield
+            return
+        before = torch.get_num_threads()
+        _SET_NUM_THREADS(self.cpu_threads)
+        try:
+            yield
+        finally:
+            _SET_NUM_THREADS(before)
 
     def _params(self, n: int, temperature: float, greedy: bool, seed: int | None = None):
         if not greedy:  # vLLM would silently sample at another temperature, or fail later
@@ -187,8 +270,9 @@ class VLLMRollout:
         """`seeds`: one per prompt (its samples then do not depend on the rest of the batch)."""
         params = self._params(n, temperature, greedy) if seeds is None else \
             [self._params(n, temperature, greedy, s) for s in seeds]
-        outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts["prompt_ids"]], params,
-                                 use_tqdm=False)
+        with self._threads():
+            outs = self.llm.generate([{"prompt_token_ids": list(p)} for p in prompts["prompt_ids"]], params,
+                                     use_tqdm=False)
         B = len(outs) * n
         resp = torch.full((B, self.T), self.tok.pad_token_id, dtype=torch.long)
         rlp, lengths = torch.zeros(B, self.T), torch.zeros(B, dtype=torch.long)
