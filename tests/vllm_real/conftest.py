@@ -5,9 +5,12 @@ here is skipped (each module's importorskip).
 The engine runs in the test process (VLLM_ENABLE_V1_MULTIPROCESSING=0, as VLLMRollout runs it),
 eagerly (enforce_eager: no compile step) and with a small KV cache. vLLM's CPU attention takes
 head sizes of 32 and up, so the tiny model here has 2 heads of 32 (the suite's tiny model has 16).
-One engine serves the tests of a module: each test syncs its own actor into it first."""
+One engine serves a module's tests (`engine`): each test syncs its own actor into it first; a
+test that builds its own engine closes it (`fresh_engine`): one engine alive at a time."""
 from __future__ import annotations
 
+import contextlib
+import gc
 import os
 
 import pytest
@@ -77,3 +80,33 @@ def logprob_gap(rollout, model, *, n: int = 2, seeds=(11, 12, 13), greedy: bool 
     m = b["response_mask"].bool()
     d = (lp.float() - b["rollout_log_probs"].float())[m].abs()
     return float(d.max()), float(d.mean()), b
+
+
+@contextlib.contextmanager
+def fresh_engine(model_dir: str, model, **kw):
+    """A VLLMRollout built for `model`, closed on exit. One engine at a time: an in-process engine's
+    shutdown (also by garbage collection) tears down vLLM's process-wide state, so the previous
+    one is collected first."""
+    gc.collect()
+    r = build_rollout(model_dir, model, **kw)
+    try:
+        yield r
+    finally:
+        r.close()
+        gc.collect()
+
+
+@pytest.fixture(scope="module")
+def engine(vllm_model_dir):
+    """One fp32 engine for a module, built from the model folder; tests `use` their actor in it."""
+    from reinforge.models.loading import load_causal_lm
+
+    with fresh_engine(vllm_model_dir, load_causal_lm(vllm_model_dir, dtype="float32")) as r:
+        yield r
+
+
+def use(engine, model):
+    """`engine` generating with `model`'s weights (synced in)."""
+    engine.model = model
+    engine.sync_weights(model)
+    return engine

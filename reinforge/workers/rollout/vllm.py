@@ -230,6 +230,15 @@ class VLLMRollout:
         self.llm.sleep(level=1)  # weights to CPU, KV cache freed: the GPU is the trainer's
         torch.cuda.empty_cache()
 
+    def close(self) -> None:
+        """Shut the engine down now (KV cache and weights freed). An in-process vLLM engine's
+        shutdown, also when it is garbage-collected, tears down vLLM's process-wide parallel
+        state, which every engine of the process uses: one engine at a time in a process, the
+        previous one closed before the next is built (tests/vllm_real do so)."""
+        llm, self.llm = self.llm, None
+        if llm is not None:
+            llm.llm_engine.engine_core.shutdown()
+
     def sync_weights(self, actor_model) -> None:
         """The actor's weights into the engine (a rank's shards: collective, one tensor at a time)."""
         self.load_weights(self.weight_items(actor_model))
