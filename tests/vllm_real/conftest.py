@@ -110,3 +110,15 @@ def use(engine, model):
     engine.model = model
     engine.sync_weights(model)
     return engine
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A local Ray cluster of 2 CPUs for the session (tests/distributed/conftest.py's)."""
+    ray = pytest.importorskip("ray")
+    import tests.grad_check
+
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False)
+    ray.cloudpickle.register_pickle_by_value(tests.grad_check)
+    yield
+    ray.shutdown()

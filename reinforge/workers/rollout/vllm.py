@@ -186,6 +186,9 @@ class VLLMRollout:
         self.on_cpu, self.cpu_threads = vllm_on_cpu(), cpu_threads
         if self.on_cpu:  # vLLM's CPU worker sizes its KV cache from this (else a share of all RAM)
             llm_kwargs.setdefault("kv_cache_memory_bytes", int(cpu_kv_cache_gb * 2 ** 30))
+            # No device memory to hand back to the trainer, and vLLM refuses sleep mode on its CPU
+            # platform: a Ray rank's engine runs awake there (capabilities.sleeps False).
+            llm_kwargs.pop("enable_sleep_mode", None)
         sleeps = bool(llm_kwargs.get("enable_sleep_mode"))
         self.capabilities = RolloutCapabilities(continues=False, needs_gpu=not self.on_cpu, own_weights=True,
                                                 per_prompt_seeds=True, sleeps=sleeps)
