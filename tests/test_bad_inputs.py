@@ -218,6 +218,14 @@ CASES = [
     ("logger_typo", lambda p: [*p.rl, "trainer.loggers=[jsonl, wandbb]"], "trainer.loggers: unknown ['wandbb']"),
     ("eval_reward_typo", lambda p: ["eval", "--model", p.model, "--data", p.data["test"], "--reward", "exact_mtch"],
      "--reward: unknown reward 'exact_mtch'; did you mean 'exact_match'?"),
+    # issue 35: reasoning-gym
+    ("rg_unknown_task", lambda p: ["data", "reasoning-gym", "chain_summ", "--out", f"{p.run}"],
+     "reasoning-gym has no task 'chain_summ'; close: chain_sum, decimal_chain_sum; list all"),
+    ("rg_reward_on_rows_without_entry", lambda p: [*p.rl, "reward.functions=[{name: reasoning_gym}]"],
+     "train.parquet: row 0: field 'extra_info.rg_task': missing or not a string: the reasoning_gym reward needs rows"),
+    ("rg_reward_eval_rows_without_entry",
+     lambda p: ["eval", "--model", p.model, "--data", p.data["test"], "--reward", "reasoning_gym"],
+     "test.parquet: row 0: field 'extra_info.rg_task': missing"),
     ("report_not_a_run_dir", lambda p: ["report", f"{p.root}/nowhere"], "{root}/nowhere' is not a run directory"),
     # issue 25: image rows, refused when the data loads (before the model)
     ("image_bytes_unreadable", lambda p: [*p.rl, f"data.train_files=[{p.root}/img_bad.parquet]"],

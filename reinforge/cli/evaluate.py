@@ -12,7 +12,7 @@ from reinforge.models.checks import check_model_files, check_tokenizer_files
 from reinforge.models.hub import resolve_model_path
 from reinforge.models.loading import load_causal_lm, load_tokenizer
 from reinforge.trainers.plan import resolve_device
-from reinforge.trainers.preflight import check_reward_function
+from reinforge.trainers.preflight import check_reward_function, check_reward_rows
 from reinforge.trainers.validation import PromptEvaluator
 
 
@@ -27,6 +27,7 @@ def main(args) -> int:
     if not (Path(args.data).is_file() or is_dataset_source(args.data)):
         raise ConfigError(f"--data={args.data!r}: no such file (give a parquet/JSONL file, a save_to_disk "
                           "folder or hf://datasets/ORG/NAME[:SPLIT])")
+    check_reward_rows([("--reward", args.reward, None)], [args.data])
     device = resolve_device("auto")
     tok = load_tokenizer(args.model)
     model = load_causal_lm(args.model, device=device, train=False)

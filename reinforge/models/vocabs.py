@@ -61,21 +61,25 @@ def vocab_folder(name: str, *, quiet: bool = True) -> Path:
                          lambda tmp, out: _convert(_extract(name, tmp, quiet=quiet), out))
 
 
-def cached_folder(dest: Path, build) -> Path:
-    """`dest`, a cached tokenizer folder, built first if absent: `build(tmp, out)` writes the
-    folder `out` using the scratch folder `tmp`, and `out` is renamed into place (atomic: an
-    interrupted build leaves nothing half-written under `dest`)."""
-    if (dest / "tokenizer_config.json").is_file():
+def cached_folder(dest: Path, build, ready=None) -> Path:
+    """`dest`, a cached folder, built first if absent: `build(tmp, out)` writes the folder `out`
+    using the scratch folder `tmp`, and `out` is renamed into place (atomic: an interrupted build
+    leaves nothing half-written under `dest`). `ready(dest)` says whether a folder there is
+    usable (default: it has a tokenizer_config.json); one that is not is rebuilt and replaced."""
+    ready = ready or (lambda folder: (folder / "tokenizer_config.json").is_file())
+    if ready(dest):
         return dest
     dest.parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory(dir=dest.parent, prefix=f".{dest.name}-") as tmp:
         out = Path(tmp) / "tokenizer"
         build(Path(tmp), out)
+        if dest.exists() and not ready(dest):  # a stale folder: moved into the scratch folder, removed with it
+            os.replace(dest, Path(tmp) / "stale")
         try:
             os.replace(out, dest)
         except OSError:
             # Another process built it first: theirs is as good as ours.
-            if not (dest / "tokenizer_config.json").is_file():
+            if not ready(dest):
                 raise
     return dest
 

@@ -8,6 +8,7 @@ from typing import Callable
 from reinforge.config.hints import did_you_mean
 from reinforge.rewards.builtin import exact_match, format_reward, math_verify_reward
 from reinforge.rewards.code_tests import code_tests
+from reinforge.rewards.reasoning_gym import reasoning_gym_reward
 from reinforge.tasks import TASKS
 from reinforge.usercode import IN_PROCESS_PREFIX, is_in_process_name, load_user_object
 
@@ -17,8 +18,11 @@ TASK_REWARDS: dict[str, Callable] = {name: make().score for name, make in TASKS.
 
 def auto_reward(prompt: str, response: str, ground_truth, data_source: str | None = None, **extra) -> float:
     """Dispatch on `data_source` (RLDataset passes it in extra): built-in tasks use their own
-    verifier, GSM8K/MATH-like sources use math_verify, anything else exact match."""
+    verifier, reasoning-gym rows (reasoning_gym/<task>) the task's scorer, GSM8K/MATH-like sources
+    use math_verify, anything else exact match."""
     source = (data_source or "").lower()
+    if source.startswith("reasoning_gym/"):
+        return reasoning_gym_reward(prompt, response, ground_truth, **extra)["score"]
     if source in TASK_REWARDS:
         return TASK_REWARDS[source](prompt, response, ground_truth)
     if any(k in source for k in ("gsm8k", "math", "aime", "amc")):
@@ -34,6 +38,7 @@ BUILTIN_REWARDS: dict[str, Callable] = {
     "exact_match": exact_match,
     "format": format_reward,
     "code_tests": code_tests,
+    "reasoning_gym": reasoning_gym_reward,
     **TASK_REWARDS,
 }
 

@@ -145,6 +145,25 @@ def check_reward_function(spec: str, key: str, style: str | None = None) -> None
         raise ConfigError(f"{key}: {exc}") from None
 
 
+def check_reward_rows(functions: Sequence[tuple], files: Sequence[str], memory: Optional[dict] = None) -> None:
+    """Rows a reward function cannot score, before any model loads: each function that declares
+    `fn.check_rows(rows, path)` (e.g. reasoning_gym, which needs its stored entry) reads every
+    local file of `files` and the rows handed over in Python (`memory`: {name in files: rows});
+    its DataError names the file, the row and the key. `functions`: (key, spec, style) triples
+    as the plan lists them."""
+    from reinforge.data.io import load_rows
+    from reinforge.rewards.judge import JUDGE_NAME
+    from reinforge.rewards.registry import load_reward_fn
+
+    checks = [getattr(load_reward_fn(spec), "check_rows", None) for _, spec, _ in functions if spec != JUDGE_NAME]
+    for check in filter(None, checks):
+        for f in map(str, files):
+            if f in (memory or {}):
+                check(memory[f], f)
+            elif Path(f).is_file():  # hf://datasets sources are not downloaded twice
+                check(load_rows(f), f)
+
+
 def check_lora_targets(cfg) -> None:
     """RL with LoRA: each target module exists in model.path (read from the safetensors
     headers), so a typo fails here rather than in PEFT after the model has loaded."""
@@ -300,6 +319,7 @@ def check_rl_files(plan: RunPlan) -> None:
         from reinforge.agents.loop import agent_parts
 
         agent_parts(cfg.rollout)  # every tool and the environment imported (ConfigError naming the key)
+    check_reward_rows(plan.reward_functions, [*cfg.data.train_files, *cfg.data.val_files], plan.rows)
     check_lora_targets(cfg)
 
 
@@ -309,3 +329,5 @@ def check_supervised_files(plan: SupervisedPlan) -> None:
     check_lora_targets(plan.cfg)
     for key, spec, style in plan.reward_functions:
         check_reward_function(spec, key, style)
+    if plan.reward_functions:
+        check_reward_rows(plan.reward_functions, plan.cfg.eval.prompt_files, plan.rows)
