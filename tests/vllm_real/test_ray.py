@@ -14,14 +14,15 @@ pytestmark = pytest.mark.vllm
 from tests.vllm_real.test_train import VLLM  # noqa: E402
 
 
-def test_grpo_on_a_ray_rank_with_its_vllm_engine(ray_cluster, vllm_model_dir, arith_data, tmp_path):
+@pytest.mark.parametrize("ranks", [1])  # 2 ranks: not run to the end here (the machine ran out of memory)
+def test_grpo_on_ray_ranks_with_their_vllm_engines(ranks, ray_cluster, vllm_model_dir, arith_data, tmp_path):
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.trainers.rl import RLTrainer
     from tests.conftest import rl_overrides
 
     run = tmp_path / "ray"
-    extra = {**VLLM, "trainer.backend": "ray", "trainer.devices_per_node": 1, "trainer.val_before_train": False}
+    extra = {**VLLM, "trainer.backend": "ray", "trainer.devices_per_node": ranks, "trainer.val_before_train": False}
     RLTrainer(load_config(RLConfig, "grpo", rl_overrides(vllm_model_dir, arith_data, str(run), **extra))).fit()
     steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
     steps = [s for s in steps if s["step"] > 0]
