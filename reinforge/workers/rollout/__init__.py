@@ -75,7 +75,7 @@ def check_vllm_config(*, temperatures: dict[str, float], model_path: str | None 
     """Config-time limits of the vLLM backend (vllm.py; the module imports no vllm): every
     sampling temperature 0 or within [0.01, 2] (vLLM raises smaller ones to 0.01 and rejects
     larger ones, so the sampled distribution would not be the scored one), and an unquantized
-    model (weights stream in without vLLM's post-load processing)."""
+    model (the trainer's bf16/fp32 weights stream in; quantized layers load quantized tensors)."""
     import json
     from pathlib import Path
 

