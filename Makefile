@@ -67,7 +67,7 @@ vllm-venv: $(VLLM_VENV)/.installed
 
 # Independent of `make test`: its own venv and its own tests, each driving the real engine.
 test-vllm: vllm-venv
-	$(VLLM_VENV)/bin/python -m pytest -x -m vllm tests/vllm_real
+	$(VLLM_VENV)/bin/python -m pytest -x -m vllm --durations=5 tests/vllm_real
 
 clean:
 	rm -rf $(VENV) $(VLLM_VENV) runs .pytest_cache
