@@ -2,7 +2,8 @@
 
     python benchmarks/rollout.py            # both model sizes (a few minutes on 2 cores)
     python benchmarks/rollout.py --quick    # a smoke run
-    .venv-vllm/bin/python benchmarks/rollout.py --backends lean,vllm --sizes tiny,small,qwen0.5b --dtypes float32,bfloat16
+    .venv-vllm/bin/python benchmarks/rollout.py --backends lean,vllm --sizes tiny,small --dtypes float32,bfloat16
+    .venv-vllm/bin/python benchmarks/rollout.py --backends lean,vllm --sizes qwen0.5b --repeats 3
 
 vllm runs where vLLM is installed (its CPU build: `make vllm-venv`): the real engine in this
 process (VLLMRollout, the model saved to a temporary folder it loads), with its defaults

@@ -54,5 +54,6 @@ def test_a_vision_language_policy_is_refused(tmp_path, arith_data):
     folder = tmp_path / "vlm"
     save_arch("qwen2-vl-tiny", str(folder))
     cfg = load_config(RLConfig, "grpo", rl_overrides(str(folder), arith_data, str(tmp_path / "run"), **VLLM))
-    with pytest.raises(ConfigError, match="rollout.backend=vllm: .* is a vision-language model; its engine does not see"):
+    why = "rollout.backend=vllm: .* is a vision-language model; its engine does not see"
+    with pytest.raises(ConfigError, match=why):
         resolve(cfg)
