@@ -52,10 +52,15 @@ def test_validation_messages(tiny_model_dir, arith_data, tmp_path, extra, match)
         plan_rl(cfg)
 
 
-def test_vllm_without_gpu_fails_at_config_time(tiny_model_dir, arith_data, tmp_path):
+def test_vllm_without_the_package_fails_at_config_time(tiny_model_dir, arith_data, tmp_path):
     cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(tmp_path),
                                                      **{"rollout.backend": "vllm", "trainer.device": "cpu"}))
-    with pytest.raises(ConfigError, match="vllm"):
+    try:
+        import vllm  # noqa: F401
+        pytest.skip("vllm is installed here: tests/vllm_real checks the CPU build's config")
+    except ImportError:
+        pass
+    with pytest.raises(ConfigError, match="needs the vllm package"):
         plan_rl(cfg)
 
 

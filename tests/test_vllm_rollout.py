@@ -89,6 +89,14 @@ class _FakeLLM:
     def apply_model(self, fn):
         return [fn(self.model)]
 
+    def collective_rpc(self, fn, args=()):
+        """The in-process engine's one worker: a runner without an iterator reload, so
+        reload_into takes its fallback, the model's load_weights."""
+        import types
+
+        worker = types.SimpleNamespace(model_runner=types.SimpleNamespace(get_model=lambda: self.model))
+        return [fn(worker, *args)]
+
     def reset_prefix_cache(self):
         self.log.append("reset_prefix_cache")
 
@@ -103,7 +111,9 @@ def _fake_vllm(monkeypatch):
     import types
 
     _FakeLLM.log = []
+    platform = types.SimpleNamespace(is_cpu=lambda: False, is_cuda=lambda: True, device_type="cuda")
     monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=_FakeLLM, __version__="fake"))
+    monkeypatch.setitem(sys.modules, "vllm.platforms", types.SimpleNamespace(current_platform=platform))
     monkeypatch.setattr(torch.cuda, "empty_cache", lambda: _FakeLLM.log.append("empty_cache"))
     return _FakeLLM.log
 

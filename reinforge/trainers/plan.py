@@ -241,7 +241,7 @@ def plan_rl(cfg: RLConfig, *, hub_ids: dict | None = None, rows: dict | None = N
     device = resolve_device(cfg.trainer.device)
     from reinforge.workers.rollout import check_rollout_device
 
-    check_rollout_device(r.backend, device)  # vLLM: a CUDA GPU and the package
+    check_rollout_device(r.backend, device)  # vLLM: the package, built for this device
     cfg = copy.deepcopy(cfg)
     cfg = replace(cfg, reward=replace(cfg.reward, functions=normalize_reward_functions(cfg.reward.functions,
                                                                                         "reward.functions")))

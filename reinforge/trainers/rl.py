@@ -261,6 +261,9 @@ class RLTrainer(TrainingLoop):
         self.loader.load_state_dict(state.loader)
         for name, role in self._roles().items():
             role.load(ckpt, state.roles[name])
+        # An engine with its own weights (vLLM) was built from model.path before the checkpoint's
+        # actor was loaded: without this its first generation would sample the starting weights.
+        self.rollout.sync_weights(self.actor_model)
         if self.kl_ctrl is not None and state.kl_ctrl is not None:
             self.kl_ctrl.load_state_dict(state.kl_ctrl)
         set_rng_state(state.rng)

