@@ -11,6 +11,11 @@ optimizer step (per-device batch = the whole generation, no accumulation, one it
 TRL skips its old-log-prob pass as reinforge does), fp32 or TRL's default bf16 (`--bf16 1`),
 gradient checkpointing on or off (`--gc`; TRL's default is on), the attention kernel given (`--attn`), sampling at temperature 1 from the full softmax (top_k=0, top_p=1) and EOS suppressed with
 `min_new_tokens = max_completion_length`, so every completion is exactly that long.
+
+For the real-model rows and benchmarks/vs_trl_learning.py: `--reward reasoning_gym` (rows of
+`reinforge data reasoning-gym`; chat prompts, which TRL renders with the tokenizer's chat
+template), `--ignore-eos 0` (stop at EOS), `--defaults 1` (GRPOConfig's own precision and
+checkpointing instead of `--bf16` / `--gc`) and `--save DIR` (the trained model and tokenizer).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """reinforge vs TRL's GRPOTrainer, side by side on one CPU: tokens/s, seconds per stage, ratio.
 
     make trl-venv                       # TRL 1.16 in .venv-trl (once; or REINFORGE_TRL_PYTHON=.../bin/python)
-    python benchmarks/vs_trl.py [--sizes tiny small] [--kl 0 1] [--precision fp32 bf16] [--rounds 3]
+    python benchmarks/vs_trl.py [--sizes tiny small qwen0.5b smollm2] [--kl 0 1] [--precision fp32 bf16] [--rounds 3]
                                 [--steps 6] [--threads 1] [--attn sdpa]
 
 Both sides get the same model folder (`reinforge model --out`: tiny = 3M parameters, <= 32
@@ -31,6 +31,14 @@ measures and prints this machine's floors at the shape (benchmarks/floors.py): b
 fp32 / bf16 matmul peaks at the decode and update shapes, and the generation, update and
 memory floors they imply; `upd MFU` is 6 N x tokens / (update s x the update-shape peak of
 the precision its matmuls ran in).
+
+`--sizes smollm2`: the real SmolLM2-135M-Instruct (models/pretrained.py: 30 layers, hidden 576,
+MLP 1536, 9 / 3 KV heads, tied 49,152-id embeddings; both sides load the same converted fp32
+folder), chat prompts of reasoning-gym chain_sum (2-3 terms of 1-2 digits, rendered with the
+model's chat template by both sides, <= 63 tokens), reward `reasoning_gym` (TRL's side restates its
+extraction rule), 4 prompts x 4 samples, 64 response tokens (EOS suppressed on both sides), no
+KL, the same `--settings` cells. Real shapes run `--rounds` rounds (default 1), the order of the
+two sides alternating per round, and print the step ratio of each round.
 
 `--side reinforge ...` is the reinforge half (one process per run, prints JSON); the TRL half
 is benchmarks/trl_side.py, run with .venv-trl's Python.
@@ -337,6 +345,11 @@ def real_shape(args, work: Path, train: str, size: str) -> None:
               f"{statistics.median(rss):.2f}x | {f_rss / mem_floor:.2f}x |", flush=True)
 
 
+def real(size: str) -> bool:
+    """A real-shape row (real vocabulary: qwen0.5b's shape, smollm2's checkpoint), run by real_shape."""
+    return "vocab" in SIZES[size] or "pretrained" in SIZES[size]
+
+
 def layers_of(path: str) -> int:
     from transformers import AutoConfig
 
@@ -347,7 +360,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--sizes", nargs="+", default=["tiny", "small"], choices=list(SIZES))
     ap.add_argument("--kl", nargs="+", type=int, default=[0, 1], choices=[0, 1])
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="alternating rounds per cell (default: 3 for tiny / small, 1 for the real shapes)")
     ap.add_argument("--steps", type=int, default=6, help="measured steps per run (after one warm-up)")
     ap.add_argument("--precision", nargs="+", default=["fp32", "bf16"], choices=["fp32", "bf16"])
     ap.add_argument("--settings", nargs="+", default=list(SETTINGS), choices=list(SETTINGS),
@@ -378,10 +392,11 @@ def main() -> None:
     train = make_task_data("arithmetic", str(work / "data"), n_train=n_train, n_test=8, n_sft=8, seed=0)["train"]
     print(f"reinforge vs TRL 1.16 GRPOTrainer: one optimizer step per batch, EOS suppressed, medians of "
           f"{args.steps} steps after 1 warm-up, threads={args.threads or 'default'}, attention {args.attn}"
-          f"{', overrides ' + ' '.join(args.override) if args.override else ''}; load average {os.getloadavg()[0]:.1f}")
-    toy = [s for s in args.sizes if "vocab" not in SIZES[s]]
+          f"{', overrides ' + ' '.join(args.override) if args.override else ''}; load average {os.getloadavg()[0]:.1f}",
+          flush=True)
+    toy = [s for s in args.sizes if not real(s)]
     if toy:
-        print(f"\ntiny / small: 4 prompts x 8 samples, {args.rounds} alternating rounds")
+        print(f"\ntiny / small: 4 prompts x 8 samples, {args.rounds or 3} alternating rounds")
         print("\n| model | KL | precision | round | TRL s/step | reinforge s/step | TRL tok/s | reinforge tok/s | ratio | "
               "reinforge gen / old_lp / ref / update s | TRL gen / ref / update s | perf/mfu | peak RSS TRL / reinforge GB |")
         print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
@@ -390,7 +405,7 @@ def main() -> None:
         model = make_model(work, size)
         for kl, precision in [(k, p) for k in args.kl for p in args.precision]:
             ratios = []
-            for r in range(args.rounds):
+            for r in range(args.rounds or 3):
                 runs = {}
                 for side in (("trl", "reinforge") if r % 2 == 0 else ("reinforge", "trl")):
                     over = [f"model.autocast={'bf16' if precision == 'bf16' else 'none'}", *args.override]
@@ -407,8 +422,8 @@ def main() -> None:
                       f"{t['peak_rss_gb']:.2f} / {f['peak_rss_gb']:.2f} |", flush=True)
             print(f"| {size} | {'yes' if kl else 'no'} | {precision} | all | | | | | {min(ratios):.2f}-{max(ratios):.2f}x "
                   f"(median {statistics.median(ratios):.2f}x) | | | | |", flush=True)
-    for size in [s for s in args.sizes if "vocab" in SIZES[s]]:
-        real_shape(args, work, train, size)
+    for size in [s for s in args.sizes if real(s)]:
+        real_shape(argparse.Namespace(**{**vars(args), "rounds": args.rounds or 1}), work, train, size)
 
 
 if __name__ == "__main__":

@@ -96,7 +96,7 @@ def evaluate(model: str, test: str, prompt_len: int, args, log: Path) -> dict:
     """`reinforge eval` (greedy) of `model` on the held-out file -> its metrics."""
     cmd = [sys.executable, "-m", "reinforge.cli.main", "eval", "--model", model, "--data", test, "--reward",
            "reasoning_gym", "--max-prompt-length", str(prompt_len), "--max-response-length", str(args.tokens),
-           "--max-samples", str(args.n_test)]
+           "--max-samples", str(args.n_test), "--n", "1"]  # greedy is what is compared; 1 sample is the least
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.eval_threads)}
     out = subprocess.run(cmd, env=env, capture_output=True, text=True)
     log.write_text(out.stdout + out.stderr)
