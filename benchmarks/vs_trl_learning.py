@@ -22,7 +22,8 @@ temperature 1, EOS allowed, the seed):
 
 Each side exports its trained model (reinforge `run_dir/hf`, TRL `save_model`), and both, with
 the untrained model, are scored by the same `reinforge eval` (greedy, the same prompt and
-response limits) on the held-out prompts. CPU seconds are the training process's user + system
+response limits) on the held-out prompts; the untrained model's evaluation runs during the
+training, the two trained models' at the same time after it. CPU seconds are the training process's user + system
 time (its reaped children included: reinforge's reward workers), read by /usr/bin/time -v, so
 they count model loading on both sides. By default the two sides train at the same time (each
 on `--threads` threads; CPU seconds do not depend on it, wall time halves); `--sequential` runs
@@ -92,17 +93,18 @@ def trl_cmd(args, model: str, train: str, out: Path, seed: int) -> list[str]:
             "--ignore-eos", "0", "--defaults", "1", "--save", str(out)]
 
 
-def evaluate(model: str, test: str, prompt_len: int, args, log: Path) -> dict:
-    """`reinforge eval` (greedy) of `model` on the held-out file -> its metrics."""
-    cmd = [sys.executable, "-m", "reinforge.cli.main", "eval", "--model", model, "--data", test, "--reward",
-           "reasoning_gym", "--max-prompt-length", str(prompt_len), "--max-response-length", str(args.tokens),
-           "--max-samples", str(args.n_test), "--n", "1"]  # greedy is what is compared; 1 sample is the least
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": str(args.eval_threads)}
-    out = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    log.write_text(out.stdout + out.stderr)
-    if out.returncode != 0:
-        raise SystemExit(f"eval of {model} failed, log {log}:\n{out.stderr[-2000:]}")
-    return json.loads(out.stdout[out.stdout.index("{"):])
+def eval_cmd(model: str, test: str, prompt_len: int, args) -> list[str]:
+    """`reinforge eval` of `model` on the held-out file, greedy only (`--n 0`)."""
+    return [sys.executable, "-m", "reinforge.cli.main", "eval", "--model", model, "--data", test, "--reward",
+            "reasoning_gym", "--max-prompt-length", str(prompt_len), "--max-response-length", str(args.tokens),
+            "--max-samples", str(args.n_test), "--n", "0"]
+
+
+def eval_result(log: Path) -> dict:
+    """The metrics JSON `reinforge eval` printed last (an indented object) in `log`."""
+    text = "\n" + log.read_text()
+    begin = text.rindex("\n{\n") + 1
+    return json.loads(text[begin:text.index("\n}", begin) + 2])
 
 
 def one_seed(args, work: Path, seed: int, model: str) -> dict:
@@ -120,34 +122,38 @@ def one_seed(args, work: Path, seed: int, model: str) -> dict:
     run_dir, trl_out = work / f"reinforge{seed}", work / f"trl{seed}"
     jobs = {"trl": trl_cmd(args, model, d["train"], trl_out, seed),
             "reinforge": reinforge_cmd(args, d["train"], prompt_len, run_dir, seed)}
+    log = {name: work / f"{name}{seed}.log" for name in ("trl", "reinforge", "eval_base", "eval_trl", "eval_reinforge")}
+    base = start(eval_cmd(model, d["test"], prompt_len, args), args.eval_threads, log["eval_base"])  # meanwhile
     res = {}
     if args.sequential:
         for side, cmd in jobs.items():
-            res[side] = finish(*start(cmd, args.threads, work / f"{side}{seed}.log"), work / f"{side}{seed}.log", side)
+            res[side] = finish(*start(cmd, args.threads, log[side]), log[side], side)
     else:
-        procs = {side: start(cmd, args.threads, work / f"{side}{seed}.log") for side, cmd in jobs.items()}
-        res = {side: finish(*p, work / f"{side}{seed}.log", side) for side, p in procs.items()}
+        procs = {side: start(cmd, args.threads, log[side]) for side, cmd in jobs.items()}
+        res = {side: finish(*p, log[side], side) for side, p in procs.items()}
     print(f"seed {seed}: trained (CPU s: TRL {res['trl']['cpu_s']:.0f}, reinforge {res['reinforge']['cpu_s']:.0f})",
           flush=True)
     derived = (run_dir / "config.yaml").read_text() if (run_dir / "config.yaml").exists() else ""
     res["reinforge"]["derived"] = derived[derived.find("derived:"):] if "derived:" in derived else ""
-    for name, path in (("base", model), ("trl", str(trl_out)), ("reinforge", str(run_dir / "hf"))):
-        m = evaluate(path, d["test"], prompt_len, args, work / f"eval_{name}{seed}.log")
-        res.setdefault(name, {})["acc"] = m["val/acc_greedy"]
-        res[name]["n_test"] = m.get("val/n_prompts", args.n_test)
+    evals = {"base": base, **{name: start(eval_cmd(path, d["test"], prompt_len, args), args.eval_threads,
+                                           log[f"eval_{name}"])
+                              for name, path in (("trl", str(trl_out)), ("reinforge", str(run_dir / "hf")))}}
+    for name, p in evals.items():  # the three evaluations run at once (one evaluator, three models)
+        finish(*p, log[f"eval_{name}"], f"eval {name}")
+        res.setdefault(name, {})["acc"] = eval_result(log[f"eval_{name}"])["val/acc_greedy"]
     return res
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0])
-    ap.add_argument("--steps", type=int, default=8, help="optimizer steps (one batch each)")
+    ap.add_argument("--steps", type=int, default=6, help="optimizer steps (one batch each)")
     ap.add_argument("--prompts", type=int, default=4, help="prompts per step")
     ap.add_argument("--n", type=int, default=8, help="samples per prompt")
     ap.add_argument("--tokens", type=int, default=32, help="max new tokens, training and evaluation")
     ap.add_argument("--n-test", type=int, default=200, help="held-out prompts")
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each training process")
-    ap.add_argument("--eval-threads", type=int, default=2)
+    ap.add_argument("--eval-threads", type=int, default=1)
     ap.add_argument("--sequential", action="store_true", help="train one side after the other")
     args = ap.parse_args()
     if not TRL_PY.exists():
