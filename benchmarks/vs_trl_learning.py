@@ -114,8 +114,10 @@ def one_seed(args, work: Path, seed: int, model: str) -> dict:
     from reinforge.data.text import render_prompt
     from reinforge.models.loading import load_tokenizer
 
+    # held-out questions that also occur in train are dropped (data/reasoning_gym.py): draw a third
+    # more, and evaluate the first n_test of those kept
     d = make_reasoning_gym_data(TASK, str(work / f"data{seed}"), n_train=args.steps * args.prompts,
-                                n_test=args.n_test, seed=seed, options=RG_OPTIONS)
+                                n_test=args.n_test * 4 // 3, seed=seed, options=RG_OPTIONS)
     tok = load_tokenizer(model)
     prompt_len = max(len(tok(render_prompt(r["prompt"], tok, path, i, "prompt"))["input_ids"])
                      for path in (d["train"], d["test"]) for i, r in enumerate(load_rows(path)))
@@ -141,6 +143,7 @@ def one_seed(args, work: Path, seed: int, model: str) -> dict:
     for name, p in evals.items():  # the three evaluations run at once (one evaluator, three models)
         finish(*p, log[f"eval_{name}"], f"eval {name}")
         res.setdefault(name, {})["acc"] = eval_result(log[f"eval_{name}"])["val/acc_greedy"]
+        res[name]["n_test"] = min(args.n_test, len(load_rows(d["test"])))
     return res
 
 
@@ -173,12 +176,12 @@ def main() -> None:
         r = rows[seed]
         print(f"seed {seed}: base {r['base']['acc']:.3f}, TRL {r['trl']['acc']:.3f}, reinforge "
               f"{r['reinforge']['acc']:.3f}; reinforge plan: {r['reinforge']['derived']!r}", flush=True)
-    print("\n| seed | base acc | TRL acc | reinforge acc | TRL CPU s | reinforge CPU s | CPU ratio | "
+    print("\n| seed | held-out prompts | base acc | TRL acc | reinforge acc | TRL CPU s | reinforge CPU s | CPU ratio | "
           "TRL wall s | reinforge wall s | peak RSS TRL / reinforge GB |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for seed, r in rows.items():
         t, f = r["trl"], r["reinforge"]
-        print(f"| {seed} | {r['base']['acc']:.3f} | {t['acc']:.3f} | {f['acc']:.3f} | {t['cpu_s']:.0f} | "
+        print(f"| {seed} | {r['base']['n_test']} | {r['base']['acc']:.3f} | {t['acc']:.3f} | {f['acc']:.3f} | {t['cpu_s']:.0f} | "
               f"{f['cpu_s']:.0f} | {f['cpu_s'] / t['cpu_s']:.2f}x | {t['wall_s']:.0f} | {f['wall_s']:.0f} | "
               f"{t.get('peak_rss_gb', float('nan')):.2f} / {f.get('peak_rss_gb', float('nan')):.2f} |")
     ok = all(r["reinforge"]["acc"] >= r["trl"]["acc"] and r["reinforge"]["cpu_s"] <= 0.5 * r["trl"]["cpu_s"]
