@@ -176,12 +176,14 @@ def main() -> None:
         r = rows[seed]
         print(f"seed {seed}: base {r['base']['acc']:.3f}, TRL {r['trl']['acc']:.3f}, reinforge "
               f"{r['reinforge']['acc']:.3f}; reinforge plan: {r['reinforge']['derived']!r}", flush=True)
-    print("\n| seed | held-out prompts | base acc | TRL acc | reinforge acc | TRL CPU s | reinforge CPU s | CPU ratio | "
+    print("\n| seed | held-out prompts | base acc | TRL acc | reinforge acc | TRL CPU s | reinforge CPU s | "
+          "CPU ratio | "
           "TRL wall s | reinforge wall s | peak RSS TRL / reinforge GB |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     for seed, r in rows.items():
         t, f = r["trl"], r["reinforge"]
-        print(f"| {seed} | {r['base']['n_test']} | {r['base']['acc']:.3f} | {t['acc']:.3f} | {f['acc']:.3f} | {t['cpu_s']:.0f} | "
+        print(f"| {seed} | {r['base']['n_test']} | {r['base']['acc']:.3f} | {t['acc']:.3f} | {f['acc']:.3f} | "
+              f"{t['cpu_s']:.0f} | "
               f"{f['cpu_s']:.0f} | {f['cpu_s'] / t['cpu_s']:.2f}x | {t['wall_s']:.0f} | {f['wall_s']:.0f} | "
               f"{t.get('peak_rss_gb', float('nan')):.2f} / {f.get('peak_rss_gb', float('nan')):.2f} |")
     ok = all(r["reinforge"]["acc"] >= r["trl"]["acc"] and r["reinforge"]["cpu_s"] <= 0.5 * r["trl"]["cpu_s"]

@@ -42,7 +42,8 @@ def test_scores_equal_reinforges(tmp_path):
         truth = row["reward_model"]["ground_truth"]
         replies = [f"<answer>{truth}</answer>", f"it is {truth}", f"<answer>{int(truth) + 1}</answer>", "",
                    [{"role": "assistant", "content": f"<answer>{truth}</answer>"}]]
-        got = side.reasoning_gym_reward(replies, [row["reward_model"]] * len(replies), [row["extra_info"]] * len(replies))
+        k = len(replies)
+        got = side.reasoning_gym_reward(replies, [row["reward_model"]] * k, [row["extra_info"]] * k)
         want = [reasoning_gym_reward("", r if isinstance(r, str) else r[-1]["content"], truth,
                                      extra_info=row["extra_info"])["score"] for r in replies]
         assert got == pytest.approx(want)
