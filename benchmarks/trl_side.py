@@ -153,17 +153,18 @@ def main() -> None:
 
     class StepClock(TrainerCallback):
         def on_train_begin(self, *_, **__):
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
         def on_step_end(self, *_, **__):
             now = time.perf_counter()
             total, t = now - self.t0, dict(times)
             rest = total - t.get("gen", 0) - t.get("reward", 0) - t.get("ref", 0)
             steps.append({"step": total, "gen": t.get("gen", 0.0), "reward": t.get("reward", 0.0),
-                          "ref": t.get("ref", 0.0), "update": rest, "tokens": sum(tokens)})
+                          "ref": t.get("ref", 0.0), "update": rest, "tokens": sum(tokens),
+                          "cpu": time.process_time() - self.c0})
             times.clear()
             tokens.clear()
-            self.t0 = time.perf_counter()
+            self.t0, self.c0 = time.perf_counter(), time.process_time()
 
     trainer.add_callback(StepClock())
     trainer.train()

@@ -40,6 +40,11 @@ extraction rule), 4 prompts x 4 samples, 64 response tokens (EOS suppressed on b
 KL, the same `--settings` cells. Real shapes run `--rounds` rounds (default 1), the order of the
 two sides alternating per round, and print the step ratio of each round.
 
+Each step also records its process CPU seconds on both sides (time.process_time: the step's
+own process; reinforge's reward workers, separate processes, are left out, ~0.03 s a step at
+smollm2's shape): on a shared, loaded machine the CPU share a run gets moves between runs, and
+the CPU-seconds ratio is the steadier comparison (`step CPU s` in the real-shape tables).
+
 `--side reinforge ...` is the reinforge half (one process per run, prints JSON); the TRL half
 is benchmarks/trl_side.py, run with .venv-trl's Python.
 """
@@ -114,11 +119,11 @@ def reinforge_side(args) -> dict:
     steps, B = [], args.prompts * args.n
     for _ in range(args.steps):
         trainer.step_idx += 1
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         m = trainer.step()
-        total = time.perf_counter() - t0
+        total, cpu = time.perf_counter() - t0, time.process_time() - c0
         t = {k.split("/", 1)[1]: v for k, v in m.items() if k.startswith("timing_s/")}
-        steps.append({"step": total, "gen": t.get("gen", 0.0), "reward": t.get("reward", 0.0),
+        steps.append({"step": total, "cpu": cpu, "gen": t.get("gen", 0.0), "reward": t.get("reward", 0.0),
                       "old_log_prob": t.get("old_log_prob", 0.0), "ref": t.get("ref", 0.0),
                       "update": t.get("update_actor", 0.0), "tokens": m["response_length/mean"] * B,
                       "all_tokens": (m["response_length/mean"] + m.get("prompt_length/mean", 0.0)) * B,
@@ -162,7 +167,8 @@ def run_side(side: str, model: str, train: str, tokens: int, kl: int, steps: int
 def summary(run: dict) -> dict:
     """Medians over the steps after the warm-up step: seconds per stage, tokens/s."""
     steps = run["steps"][1:]
-    med = {k: statistics.median(s.get(k, 0.0) for s in steps) for k in ("step", *STAGES, "tokens", "all_tokens")}
+    med = {k: statistics.median(s.get(k, 0.0) for s in steps)
+           for k in ("step", "cpu", *STAGES, "tokens", "all_tokens")}
     med["tok_s"] = statistics.median(s["tokens"] / s["step"] for s in steps)
     med["steps"] = [s["step"] for s in steps]
     for k in steps[0]:
@@ -307,7 +313,7 @@ def real_shape(args, work: Path, train: str, size: str) -> None:
                 results[setting, side, rnd] = r
                 order.append((setting, side, rnd))
                 print(f"  done: round {rnd + 1} {setting} {side} {r['label']}: steps "
-                      f"{' '.join(fmt(x) for x in r['steps'])} s, gen {fmt(r['gen'])}, update {fmt(r['update'])}, "
+                      f"{' '.join(fmt(x) for x in r['steps'])} s (process CPU {fmt(r['cpu'])} s), gen {fmt(r['gen'])}, update {fmt(r['update'])}, "
                       f"peak RSS {r['peak_rss_gb']:.2f} GB, load {load:.1f}", flush=True)
     remeasure()
     gf = {p: gen_floor_s(n_params, n_mm, rows, T, peaks, p) for p in ("fp32", "bf16")}
@@ -320,28 +326,31 @@ def real_shape(args, work: Path, train: str, size: str) -> None:
           f"bf16 {peaks['update_bf16'] / 1e9:.0f}")
     print(f"generation floor fp32 {gf['fp32']:.2f} s, bf16 {gf['bf16']:.2f} s; update floor fp32 {uf['fp32']:.2f} s, "
           f"bf16 {uf['bf16']:.2f} s; memory floor (16 B/param + the batch's fp32 logits) {mem_floor:.2f} GB")
-    print("\n| setting | round | side | precision | steps s | step s | gen s | update s | peak RSS GB | upd MFU | "
-          "gen / floor | load |")
-    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
+    print("\n| setting | round | side | precision | steps s | step s | step CPU s | gen s | update s | peak RSS GB | "
+          "upd MFU | gen / floor | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
     for setting, side, rnd in order:
         r = results[setting, side, rnd]
         tokens = r["all_tokens"] or upd_tokens  # real prompt + response tokens (TRL's rows are the same)
         mfu = 6 * n_mm * tokens / max(r["update"], 1e-9) / peaks[f"update_{r['upd_prec']}"]
         print(f"| {setting} | {rnd + 1} | {side} | {r['label']} | {' '.join(fmt(x) for x in r['steps'])} | "
-              f"{fmt(r['step'])} | {fmt(r['gen'])} | {fmt(r['update'])} | {r['peak_rss_gb']:.2f} | {mfu:.2f} | "
+              f"{fmt(r['step'])} | {fmt(r['cpu'])} | {fmt(r['gen'])} | {fmt(r['update'])} | {r['peak_rss_gb']:.2f} | {mfu:.2f} | "
               f"{r['gen'] / gf[r['gen_prec']]:.1f}x | {r['load']:.1f} |")
         corr = {k: v for k, v in r.items() if k.startswith("rollout_corr/")}
         if corr:
-            print("|  |  |  | " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(corr.items())) + " | | | | | | | | |")
-    print("\n| setting | step time reinforge / TRL per round | median | peak RSS reinforge / TRL | "
-          "reinforge RSS / memory floor |")
-    print("|---|---|---|---|---|")
+            print("|  |  |  | " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(corr.items())) + " | | | | | | | | | |")
+    print("\n| setting | step time reinforge / TRL per round | median | step CPU s reinforge / TRL per round | "
+          "peak RSS reinforge / TRL | reinforge RSS / memory floor |")
+    print("|---|---|---|---|---|---|")
     for setting in args.settings:
         st = [results[setting, "reinforge", i]["step"] / results[setting, "trl", i]["step"] for i in range(args.rounds)]
         rss = [results[setting, "reinforge", i]["peak_rss_gb"] / results[setting, "trl", i]["peak_rss_gb"]
                for i in range(args.rounds)]
+        cpu = [results[setting, "reinforge", i]["cpu"] / max(results[setting, "trl", i]["cpu"], 1e-9)
+               for i in range(args.rounds)]
         f_rss = statistics.median(results[setting, "reinforge", i]["peak_rss_gb"] for i in range(args.rounds))
         print(f"| {setting} | {' '.join(f'{x:.2f}x' for x in st)} | {statistics.median(st):.2f}x | "
+              f"{' '.join(f'{x:.2f}x' for x in cpu)} | "
               f"{statistics.median(rss):.2f}x | {f_rss / mem_floor:.2f}x |", flush=True)
 
 
