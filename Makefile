@@ -30,12 +30,14 @@ bench: install
 # torch first, so pip does not pull a CUDA build as trl's dependency.
 TRL_VENV ?= .venv-trl
 TRL_SPEC ?= trl==1.16.0
+# reasoning-gym for the smollm2 row's and the learning benchmark's reward (the same pin as pyproject's extra).
+RGYM_SPEC ?= reasoning-gym==0.1.25
 
 $(TRL_VENV)/.installed:
 	test -x $(TRL_VENV)/bin/python || $(PYTHON) -m venv $(TRL_VENV)
 	$(TRL_VENV)/bin/pip install -q --upgrade pip
 	$(TRL_VENV)/bin/pip install -q "$(TORCH_SPEC)"
-	$(TRL_VENV)/bin/pip install -q "$(TRL_SPEC)"
+	$(TRL_VENV)/bin/pip install -q "$(TRL_SPEC)" "$(RGYM_SPEC)" "$(TORCH_SPEC)"
 	touch $@
 
 trl-venv: $(TRL_VENV)/.installed

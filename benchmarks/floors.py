@@ -2,6 +2,7 @@
 they put under a GRPO step's stages (benchmarks/vs_trl.py prints them next to the measured times).
 
     python benchmarks/floors.py [--hidden 896 --inter 4864 --vocab 151936 --rows 16 --tokens 608] [--threads 2]
+    python benchmarks/floors.py --shape smollm2      # vs_trl's smollm2 row: 16 x 576 x 1536, 2,032 tokens
 
 - bandwidth: bytes/s of summing a 1 GiB fp32 tensor (a read-only stream, what decoding does
   to its weights), best of 5;
@@ -93,14 +94,23 @@ def memory_floor_gb(n_params: int, tokens: int, vocab: int) -> float:
     return (16 * n_params + 4 * tokens * vocab) / 1e9
 
 
+SHAPES = {"qwen0.5b": dict(hidden=896, inter=4864, rows=16, tokens=608),
+          "smollm2": dict(hidden=576, inter=1536, rows=16, tokens=16 * (63 + 64))}
+"""vs_trl.py's real-shape rows: widths, rows (prompts x samples) and update tokens (rows x
+(longest prompt + response tokens)); smollm2's prompts are <= 63 tokens, its responses 64."""
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--shape", choices=list(SHAPES), help="a vs_trl row's shape (overrides the four below)")
     ap.add_argument("--hidden", type=int, default=896)
     ap.add_argument("--inter", type=int, default=4864)
     ap.add_argument("--rows", type=int, default=16)
     ap.add_argument("--tokens", type=int, default=608)
     ap.add_argument("--threads", type=int, default=0)
     args = ap.parse_args()
+    if args.shape:
+        vars(args).update(SHAPES[args.shape])
     if args.threads:
         torch.set_num_threads(args.threads)
     p = measure(args.hidden, args.inter, args.rows, args.tokens)

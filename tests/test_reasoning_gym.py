@@ -222,3 +222,17 @@ def test_one_grpo_step_with_the_reasoning_gym_reward(tiny_model_dir, task_files,
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     step = next(r for r in rows if r.get("step") == 1 and "reward/reasoning_gym/mean" in r)
     assert 0.0 <= step["reward/reasoning_gym/mean"] <= 1.0
+
+
+@pytest.mark.slow
+def test_eval_cli_greedy_only(tiny_model_dir, task_files, capsys):
+    """`--n 0`: the greedy pass alone (no sampled metrics), as the greedy pass of `--n 2` scores it."""
+    argv = ["eval", "--model", tiny_model_dir, "--data", task_files["chain_sum"]["test"], "--reward", "reasoning_gym",
+            "--max-samples", "4", "--max-prompt-length", "200", "--max-response-length", "8"]
+    assert main([*argv, "--n", "0"]) == 0
+    greedy = json.loads(capsys.readouterr().out)
+    assert "val/acc_sampled" not in greedy and not any(k.startswith("val/pass@") for k in greedy)
+    assert main([*argv, "--n", "2"]) == 0
+    both = json.loads(capsys.readouterr().out)
+    assert greedy["val/acc_greedy"] == both["val/acc_greedy"]
+    assert greedy["val/response_length_greedy"] == both["val/response_length_greedy"]

@@ -27,16 +27,18 @@ def main(args) -> int:
     if not (Path(args.data).is_file() or is_dataset_source(args.data)):
         raise ConfigError(f"--data={args.data!r}: no such file (give a parquet/JSONL file, a save_to_disk "
                           "folder or hf://datasets/ORG/NAME[:SPLIT])")
+    if args.n < 0:
+        raise ConfigError(f"--n={args.n}: samples per prompt must be >= 0 (0: greedy only)")
     check_reward_rows([("--reward", args.reward, None)], [args.data])
     device = resolve_device("auto")
     tok = load_tokenizer(args.model)
     model = load_causal_lm(args.model, device=device, train=False)
     e = GenEvalConfig(prompt_files=[args.data], reward_functions=[{"name": args.reward, "weight": 1.0}],
                       max_prompt_length=args.max_prompt_length, max_response_length=args.max_response_length,
-                      max_samples=args.max_samples, n=args.n, temperature=1.0, batch_size=64)
+                      max_samples=args.max_samples, n=max(args.n, 1), temperature=1.0, batch_size=64)
     evaluator = PromptEvaluator(model, tok, e, device=device, pass_k=(1, 2, 4, 8, 16))
     try:
-        metrics = evaluator()
+        metrics = evaluator(sampled=args.n > 0)  # --n 0: the greedy pass alone
     finally:
         evaluator.close()
     print(json.dumps(metrics, indent=2))

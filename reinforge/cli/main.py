@@ -253,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("eval", help="greedy / sampled accuracy and pass@k of a model on a prompt file")
     p.add_argument("--model", required=True)
     p.add_argument("--data", required=True)
-    p.add_argument("--n", type=int, default=8)
+    p.add_argument("--n", type=int, default=8, help="sampled responses per prompt (0: greedy only)")
     p.add_argument("--max-samples", type=int, default=200)
     p.add_argument("--max-response-length", type=int, default=512)
     p.add_argument("--max-prompt-length", type=int, default=512)
