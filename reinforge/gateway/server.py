@@ -59,6 +59,8 @@ class RolloutLog:
     """Longest first prompt (data.max_prompt_length); None: no limit."""
     calls: list[Call] = field(default_factory=list)
     turns: list[Turn] = field(default_factory=list)
+    call_turns: list[Turn | None] = field(default_factory=list)
+    """Per call, its chat Turn (None: a /v1/completions call)."""
     root_len: int | None = None
     ended: bool = False
     requests: int = 0
@@ -167,7 +169,7 @@ class Gateway:
             self.logs[rid] = RolloutLog(budget, prompt_limit)
 
     def end_rollout(self, rid: str) -> RolloutLog:
-        """Refuse the rollout's later calls; -> its log (removed from the gateway)."""
+        """Refuse the rollout's later calls (one answered after this is not recorded); -> its log."""
         with self.lock:
             log = self.logs.pop(rid)
             log.ended = True
@@ -384,28 +386,31 @@ class Gateway:
         choices, completion_tokens = [], 0
         for i, (ids, logp, finish) in enumerate(rows):
             completion_tokens += len(ids)
-            if log is not None:
-                with self.lock:
-                    log.calls.append(Call(tuple(prep["ids"]), tuple(ids), tuple(logp), self.version, finish))
             lp = self._logprobs(ids, logp, chat) if prep["logprobs"] else None
+            turn = None
             if chat:
                 msg, calls = assistant_message(self.tok, self.parser, ids, prep["tools"])
                 if calls:
                     finish = "tool_calls"
                 sent = self._openai_message(msg, prep["user_stops"])
-                if log is not None:  # the assistant message as returned: what a continuing request holds
-                    returned = {"role": "assistant", "content": sent["content"] or ""}
-                    if msg.get("tool_calls"):
-                        returned["tool_calls"] = msg["tool_calls"]
-                    with self.lock:
-                        log.turns.append(Turn(prep["messages"], returned, tuple(prep["ids"] + ids),
-                                              self.tok.decode(ids, skip_special_tokens=False)))
+                returned = {"role": "assistant", "content": sent["content"] or ""}  # as a continuing request holds it
+                if msg.get("tool_calls"):
+                    returned["tool_calls"] = msg["tool_calls"]
+                turn = Turn(prep["messages"], returned, tuple(prep["ids"] + ids),
+                            self.tok.decode(ids, skip_special_tokens=False))
                 choices.append({"index": i, "finish_reason": finish, "logprobs": lp, "token_ids": ids,
                                 "message": sent})
             else:
                 choices.append({"index": i, "finish_reason": finish, "logprobs": lp, "token_ids": ids,
                                 "text": self._strip_stop(self.tok.decode(ids, skip_special_tokens=True),
                                                          prep["user_stops"])})
+            if log is not None:
+                with self.lock:
+                    if not log.ended:  # an ended rollout's late answer is not part of it
+                        log.calls.append(Call(tuple(prep["ids"]), tuple(ids), tuple(logp), self.version, finish))
+                        log.call_turns.append(turn)
+                        if turn is not None:
+                            log.turns.append(turn)
         if log is not None:
             with self.lock:
                 if prep.get("root") is not None and log.root_len is None:

@@ -32,6 +32,8 @@ def prompts_batch(items: list[dict], first_uid: int) -> Batch:
                    "ground_truth": [it["ground_truth"] for it in items],
                    "data_source": [it.get("data_source", "unknown") for it in items],
                    "extra": [it.get("extra", {}) for it in items]}
+    if all("prompt_raw" in it for it in items):  # the prompt column as the file holds it (rollout.agent's row)
+        non_tensors["prompt_raw"] = [it["prompt_raw"] for it in items]
     if any(it.get("vision") is not None for it in items):
         non_tensors["vision"] = [it.get("vision") for it in items]
     return Batch({"uid": torch.arange(first_uid, first_uid + len(items), dtype=torch.long)}, non_tensors)
