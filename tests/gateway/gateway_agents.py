@@ -28,8 +28,8 @@ def digits(base_url, api_key, row):
 
 
 async def async_digits(base_url, api_key, row):
-    client = openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0)
-    r = await client.chat.completions.create(model="policy", messages=_messages(row), max_tokens=6)
+    async with openai.AsyncOpenAI(base_url=base_url, api_key=api_key, max_retries=0) as client:
+        r = await client.chat.completions.create(model="policy", messages=_messages(row), max_tokens=6)
     text = r.choices[0].message.content or ""
     return sum(c.isdigit() for c in text) / max(len(text), 1)
 

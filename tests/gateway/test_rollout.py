@@ -120,6 +120,7 @@ def test_hanging_agents_hit_their_deadline(engine):
         ro.close()
 
 
+@pytest.mark.slow
 def test_async_agent_and_64_concurrent(engine):
     ro, tok = make(engine, async_digits, concurrency=64)
     texts = [f"{a}+{b}=" for a in range(8) for b in range(8)]
