@@ -10,13 +10,20 @@ its start; one that passes it is ended (its later calls are refused) and dropped
 or returns something else is dropped, one that never called the model is dropped: each counted,
 none stalls the step (a hung thread is left behind as a daemon, never joined).
 
-A finished run's calls are rebuilt into sequences (capture.py). One chain is one row; several
-(an edited history or a fork) follow `rollout.agent_history`: split, every sequence a row with
-the run's reward, or drop, the run dropped. The Batch is the agent loop's (agents/loop.py):
-prompts (B', P) the first call's prompt ids, responses (B', T) every later id, response_mask 1 on
-sampled ids only, rollout_log_probs, and a `trajectory` per row whose single turn reward is the
-agent's reward on the last sampled token (what the reward worker scores; reward.functions, when
-set, add to it). B' <= B0 * n: dropped runs are not rows; group_ids keep the prompt's uid.
+A finished run's calls are rebuilt into sequences (capture.py). Rows: B = B0 * n first, run j of
+prompt i at row i * n + j, as the built-in rollouts order them:
+- a kept run's row is the sequence holding its last call (usually its only one);
+- a dropped run's row is void: its dataset prompt, no response token (response_mask 0), score 0,
+  and a group id of its own (-1, -2, ...), so it moves no gradient and no other run's advantage;
+  its trajectory says `dropped` (timeout, raised, bad_return, no_calls, edited, empty);
+- a run whose calls rebuild into several sequences (an edited history or a fork) follows
+  `rollout.agent_history`: split, its other sequences become extra rows after the B rows, with
+  its reward and group id; drop, the run is dropped.
+The Batch is the agent loop's (agents/loop.py): prompts (rows, P) the first call's prompt ids,
+responses (rows, T) every later id, response_mask 1 on sampled ids only, rollout_log_probs, and
+a `trajectory` per row whose single turn reward is the agent's reward on the last sampled token
+(what the reward worker scores; reward.functions, when set, add to it) plus `gateway`: the
+round's counts (agents/loop.gateway_metrics logs them as agent/gateway/...).
 """
 from __future__ import annotations
 
@@ -25,6 +32,7 @@ import inspect
 import math
 import queue
 import secrets
+import sys
 import threading
 import time
 from collections import deque
@@ -99,6 +107,7 @@ class GatewayRollout:
         self.gateway = Gateway(inner, tokenizer, parser, model_name=model_name, api_key=self.api_key)
         self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True)
         self._round = 0
+        self._void = 0  # dropped runs so far: their rows' group ids are -1, -2, ...
 
     @property
     def model(self):
@@ -128,7 +137,7 @@ class GatewayRollout:
 
     # ---- the rollout ----------------------------------------------------------------------
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
-        """B0 prompt rows -> up to B0 * n * (sequences per run) rows (module doc)."""
+        """B0 prompt rows -> B0 * n rows, then any extra split sequences (module doc)."""
         if self.gateway.port is None:
             self.gateway.start()
         meta = sampling_meta(temperature, self.inner.top_k, self.inner.top_p, greedy)
@@ -143,37 +152,46 @@ class GatewayRollout:
                 for i in range(len(prompts)) for k in range(n)]
         counts = {r: 0 for r in DROP_REASONS} | {"edited_calls": 0, "forks": 0, "calls": 0}
         logs = self._run_all(runs, counts)
-        kept = []  # (run, reward, metrics, sequence, call turns)
+        primary, extra = [], []  # (run, reward, metrics, sequence or None, call turns)
         for run in runs:
             log = logs[run.rid]
             counts["calls"] += len(log.calls)
-            if run.status != "done":
-                counts[run.status] += 1
+            reason, seqs = self._outcome(run, log, counts)
+            if reason is not None:
+                counts[reason] += 1
+                primary.append((run, 0.0, {}, None, [], reason))
                 continue
-            try:
-                reward, metrics = parse_result(run.result)
-            except ValueError:
-                counts["bad_return"] += 1
-                continue
-            if not log.calls:
-                counts["no_calls"] += 1
-                continue
-            rb = rebuild(log.calls)
-            counts["edited_calls"] += rb.edited
-            counts["forks"] += rb.forks
-            if len(rb.sequences) > 1 and self.history == "drop":
-                counts["edited"] += 1
-                continue
-            seqs = [s for s in rb.sequences if any(s.mask[:self.T])]
-            if not seqs:
-                counts["empty"] += 1
-                continue
-            kept += [(run, reward, metrics, s, log.call_turns) for s in seqs]
+            reward, metrics = parse_result(run.result)
+            # the sequence holding the run's last call is its row; split: the others follow the B rows
+            primary.append((run, reward, metrics, seqs[-1], log.call_turns, None))
+            extra += [(run, reward, metrics, s, log.call_turns, None) for s in seqs[:-1]]
+        dropped = sum(counts[k] for k in DROP_REASONS)
         summary = {"runs": float(len(runs)), **{f"dropped_{k}" if k in DROP_REASONS else k: float(v)
                                                  for k, v in counts.items()},
-                   "dropped": float(sum(counts[k] for k in DROP_REASONS)),
-                   "sequences": float(len(kept)), "gateway_errors": float(self.gateway.counters["errors"])}
-        return self._assemble(prompts, kept, meta, summary)
+                   "dropped": float(dropped), "sequences": float(len(runs) - dropped + len(extra)),
+                   "gateway_errors": float(self.gateway.counters["errors"])}
+        if dropped == len(runs):
+            print(f"[reinforge] rollout.agent: every one of {len(runs)} runs was dropped "
+                  f"({', '.join(f'{k}: {counts[k]}' for k in DROP_REASONS if counts[k])})", file=sys.stderr)
+        return self._assemble(prompts, primary + extra, meta, summary)
+
+    def _outcome(self, run: AgentRun, log, counts: dict) -> tuple[str | None, list]:
+        """(why the run is dropped or None, its sequences)."""
+        if run.status != "done":
+            return run.status, []
+        try:
+            parse_result(run.result)
+        except ValueError:
+            return "bad_return", []
+        if not log.calls:
+            return "no_calls", []
+        rb = rebuild(log.calls)
+        counts["edited_calls"] += rb.edited
+        counts["forks"] += rb.forks
+        if len(rb.sequences) > 1 and self.history == "drop":
+            return "edited", []
+        seqs = [s for s in rb.sequences if any(s.mask[:self.T])]
+        return (None, seqs) if seqs and seqs[-1] is rb.sequences[-1] else ("empty", [])
 
     def _run_all(self, runs: list[AgentRun], counts: dict) -> dict:
         """Run every agent (concurrency, deadlines: module doc) -> {rid: its RolloutLog}."""
@@ -206,43 +224,52 @@ class GatewayRollout:
                 del active[rid]
         return logs
 
-    def _assemble(self, prompts: Batch, kept: list, meta: dict, summary: dict) -> Batch:
-        B, T, pad = len(kept), self.T, self.tok.pad_token_id
+    def _assemble(self, prompts: Batch, rows_in: list, meta: dict, summary: dict) -> Batch:
+        """rows_in: (run, reward, metrics, sequence or None (dropped), call turns, drop reason)."""
+        B, T, pad = len(rows_in), self.T, self.tok.pad_token_id
         resp = torch.full((B, T), pad, dtype=torch.long)
         gen = torch.zeros(B, T, dtype=torch.long)
         valid = torch.zeros(B, T, dtype=torch.long)
         logp = torch.zeros(B, T)
         truncated = torch.zeros(B, dtype=torch.bool)
-        trajectories = []
-        for i, (run, reward, metrics, s, call_turns) in enumerate(kept):
+        trajectories, prompt_lists = [], []
+        src = [run.index for run, *_ in rows_in]
+        rows = prompts.index(src)
+        group_ids = rows["uid"].clone()
+        for i, (run, reward, metrics, s, call_turns, reason) in enumerate(rows_in):
+            if s is None:  # a dropped run: no trained token, a group of its own (advantage 0)
+                self._void += 1
+                group_ids[i] = -self._void
+                prompt_lists.append(list(prompts["prompt_ids"][run.index]))
+                trajectories.append({"messages": [], "calls": [], "turns": 0, "turn_ends": [0], "turn_rewards": [0.0],
+                                     "tool_calls": 0, "tool_errors": 0, "tool_latency_s": 0.0, "truncated": False,
+                                     "budget_exhausted": False, "dropped": reason, "gateway": summary})
+                continue
             L = min(len(s.response_ids), T)
             resp[i, :L] = torch.as_tensor(s.response_ids[:L], dtype=torch.long)
             gen[i, :L] = torch.as_tensor(s.mask[:L])
             valid[i, :L] = 1
             logp[i, :L] = torch.as_tensor(s.log_probs[:L])
             truncated[i] = len(s.response_ids) > T or s.finish == "length"
-            last = int(gen[i].nonzero()[-1])
+            prompt_lists.append(list(s.prompt_ids))
             turn = call_turns[s.calls[-1]] if s.calls[-1] < len(call_turns) else None
-            messages = [] if turn is None else [*turn.messages, turn.assistant]
-            tool_calls = sum(len(t.assistant.get("tool_calls", [])) for k in s.calls
-                             if k < len(call_turns) and (t := call_turns[k]) is not None)
-            trajectories.append({"messages": messages, "calls": [], "turns": len(s.calls), "turn_ends": [last],
-                                 "turn_rewards": [reward], "tool_calls": tool_calls, "tool_errors": 0,
-                                 "tool_latency_s": 0.0, "truncated": bool(truncated[i]), "budget_exhausted":
-                                 len(s.response_ids) >= T, "agent_metrics": metrics, "gateway": summary,
-                                 "weight_versions": sorted({v for v in s.versions if v >= 0})})
-        src = [run.index for run, *_ in kept]
-        rows = prompts.index(src)
-        ids, mask = pad_prompts([s.prompt_ids for *_, s, _ in kept], self.P, pad) if B else \
+            chain_turns = [call_turns[k] for k in s.calls if k < len(call_turns) and call_turns[k] is not None]
+            trajectories.append({"messages": [] if turn is None else [*turn.messages, turn.assistant], "calls": [],
+                                 "turns": len(s.calls), "turn_ends": [int(gen[i].nonzero()[-1])],
+                                 "turn_rewards": [reward],
+                                 "tool_calls": sum(len(t.assistant.get("tool_calls", [])) for t in chain_turns),
+                                 "tool_errors": 0, "tool_latency_s": 0.0, "truncated": bool(truncated[i]),
+                                 "budget_exhausted": len(s.response_ids) >= T, "agent_metrics": metrics,
+                                 "gateway": summary, "weight_versions": sorted({v for v in s.versions if v >= 0})})
+        ids, mask = pad_prompts(prompt_lists, self.P, pad) if B else \
             (torch.zeros(0, self.P, dtype=torch.long), torch.zeros(0, self.P, dtype=torch.long))
         out = Batch({"prompts": ids, "responses": resp, "input_ids": torch.cat([ids, resp], dim=1),
                      "attention_mask": torch.cat([mask, valid], dim=1), "response_mask": gen,
-                     "group_ids": rows["uid"], "truncated": truncated, "rollout_log_probs": logp * gen},
+                     "group_ids": group_ids, "truncated": truncated, "rollout_log_probs": logp * gen},
                     dict(rows.non_tensors), meta)
         out = out | rows.select([k for k in rows.tensors if k != "uid"])
         out["trajectory"] = trajectories
-        # the prompt each row was generated from is its first call's, not the dataset's rendering
-        out["prompt_ids"] = [list(s.prompt_ids) for *_, s, _ in kept]
+        out["prompt_ids"] = prompt_lists  # each row's first call's prompt, not the dataset's rendering
         return out
 
 

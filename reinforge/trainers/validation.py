@@ -44,6 +44,8 @@ def _generate_and_score(rollout, reward, prompts: Batch, n: int, temperature: fl
     outs = []
     for part in prompts.split(batch_size):
         b = rollout.generate(part, n=n, temperature=temperature, greedy=greedy)
+        if len(b) > len(part) * n:  # rollout.agent_history=split: a run's extra sequences follow its B0 * n rows
+            b = b.index(list(range(len(part) * n)))
         outs.append(b | reward.score(b).batch())
         progress(len(b))
     return Batch.concat(outs)

@@ -95,11 +95,18 @@ def test_faulty_agents_are_dropped_and_counted(engine, agent, dropped):
         b = ro.generate(prompts(tok), n=2)
     finally:
         ro.close()
-    g = b["trajectory"][0]["gateway"] if len(b) else None
-    if agent is raises:
-        assert len(b) == 4 and set(b["group_ids"].tolist()) == {11, 12} and g[dropped] == 2.0
-    else:
-        assert len(b) == 0 and b["responses"].shape == (0, 12)
+    g = b["trajectory"][0]["gateway"]
+    assert len(b) == 6 and g["runs"] == 6.0
+    bad = [0, 1] if agent is raises else list(range(6))  # raises: on the first prompt's runs only
+    assert g[dropped] == float(len(bad)) and g["dropped"] == float(len(bad))
+    for i in range(6):
+        t = b["trajectory"][i]
+        if i in bad:  # a void row: no trained token, a group of its own
+            assert t["dropped"] == dropped.removeprefix("dropped_") and b["response_mask"][i].sum() == 0
+            assert b["group_ids"][i] < 0 and b["attention_mask"][i, 32:].sum() == 0
+        else:
+            assert "dropped" not in t and b["response_mask"][i].sum() > 0 and b["group_ids"][i] == 10 + i // 2
+    assert len(set(b["group_ids"][bad].tolist())) == len(bad)
 
 
 def test_hanging_agents_hit_their_deadline(engine):
@@ -109,11 +116,13 @@ def test_hanging_agents_hit_their_deadline(engine):
         b = ro.generate(prompts(tok), n=2)
         took = time.monotonic() - t0
         g = b["trajectory"][0]["gateway"]
-        assert g["dropped_timeout"] == 2.0 and len(b) == 4 and took < 10
+        assert g["dropped_timeout"] == 2.0 and len(b) == 6 and took < 10
+        assert [t.get("dropped") for t in b["trajectory"]] == ["timeout"] * 2 + [None] * 4
         # a hung run's rollout is closed: a late call from it is refused
         ro2 = make(engine, slow_async, timeout_s=0.5)[0]
         try:
-            assert len(ro2.generate(prompts(tok), n=1)) == 0
+            late = ro2.generate(prompts(tok), n=1)
+            assert late["trajectory"][0]["gateway"]["dropped_timeout"] == 3.0 and late["response_mask"].sum() == 0
         finally:
             ro2.close()
     finally:
@@ -134,17 +143,22 @@ def test_async_agent_and_64_concurrent(engine):
     assert sorted(b["group_ids"].tolist()) == list(range(10, 74))
 
 
-@pytest.mark.parametrize("rule,rows", [("split", 6), ("drop", 0)])
+@pytest.mark.parametrize("rule,rows", [("split", 6), ("drop", 3)])
 def test_edited_history_rule(engine, rule, rows):
     ro, tok = make(engine, edits_history, history=rule)
     try:
         b = ro.generate(prompts(tok), n=1)
     finally:
         ro.close()
-    assert len(b) == rows
-    if rows:
-        assert b["trajectory"][0]["gateway"]["edited_calls"] == 3.0
+    assert len(b) == rows and b["trajectory"][0]["gateway"]["edited_calls"] == 3.0
+    if rule == "split":  # the rows of the second calls first, then the first calls' sequences
+        assert b["group_ids"].tolist() == [10, 11, 12, 10, 11, 12]
         assert all(t["turn_rewards"] == [0.5] for t in b["trajectory"])
+        for i in range(3):  # the second call's prompt holds the edited answer "99", as the harness sent it
+            prompt = b["prompts"][i][b["attention_mask"][i, :32].bool()].tolist()
+            assert tok.decode(prompt).endswith("99+1=")
+    else:
+        assert b["response_mask"].sum() == 0 and b["trajectory"][0]["gateway"]["dropped_edited"] == 3.0
 
 
 def test_client_disconnect_mid_generation(engine):
