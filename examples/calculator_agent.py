@@ -24,7 +24,8 @@ def calculate(expression: str) -> str:
 
 def run(base_url: str, api_key: str, row: dict) -> float:
     client = openai.OpenAI(base_url=base_url, api_key=api_key)
-    messages = list(row["prompt"])  # [{"role": "user", "content": "123*45="}]
+    prompt = row["prompt"]  # the dataset's prompt column: "123*45=" (or a list of messages)
+    messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     try:
         for _ in range(3):
             reply = client.chat.completions.create(model="policy", messages=messages, tools=[CALCULATOR])
