@@ -12,6 +12,7 @@ CALCULATOR = {"type": "function", "function": {
     "name": "calculator", "description": "Evaluate an arithmetic expression: numbers, + - * / // % ** and parentheses.",
     "parameters": {"type": "object", "required": ["expression"],
                    "properties": {"expression": {"type": "string", "description": "e.g. 123*45"}}}}}
+CLIENT = openai.OpenAI(api_key="set-per-run", max_retries=0)  # one connection pool for every run
 
 
 def calculate(expression: str) -> str:
@@ -23,7 +24,7 @@ def calculate(expression: str) -> str:
 
 
 def run(base_url: str, api_key: str, row: dict) -> float:
-    client = openai.OpenAI(base_url=base_url, api_key=api_key)
+    client = CLIENT.with_options(base_url=base_url, api_key=api_key)
     prompt = row["prompt"]  # the dataset's prompt column: "123*45=" (or a list of messages)
     messages = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else list(prompt)
     try:

@@ -60,6 +60,17 @@ def test_batch_is_token_exact(engine):
         assert t["turn_rewards"] == [pytest.approx(sum(c.isdigit() for c in text) / max(len(text), 1))]
         assert t["agent_metrics"] == {"answer_chars": float(len(text))} and t["turn_ends"] == [len(sampled) - 1]
     assert b["trajectory"][0]["gateway"]["runs"] == 6.0 and b["trajectory"][0]["gateway"]["dropped"] == 0.0
+    assert all(t["weight_versions"] == [0] for t in b["trajectory"])
+
+
+def test_calls_are_stamped_with_the_weight_version(engine):
+    ro, tok = make(engine, digits)
+    try:
+        ro.sync_weights(engine[0].model)  # the step's sync after an update: version 1
+        b = ro.generate(prompts(tok), n=1)
+    finally:
+        ro.close()
+    assert all(t["weight_versions"] == [1] for t in b["trajectory"])
 
 
 def test_trainer_recomputation_matches(engine):
