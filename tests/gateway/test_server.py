@@ -158,3 +158,50 @@ def test_client_errors_auth_and_closed_rollouts(served):
     gw.end_rollout("b")
     with pytest.raises(openai.ConflictError):
         c.completions.create(model="policy", prompt="1+", max_tokens=1)
+
+
+@pytest.mark.slow
+def test_hermes_tool_calls_on_a_chatml_template(real_qwen_dir):
+    """Qwen2.5's format (hermes parser, ChatML template with tools=): the call is parsed into
+    tool_calls, and the next prompt is the first prompt + the sampled ids + the template's tool
+    turn, so one sequence whose mask covers the sampled ids only."""
+    from transformers import AutoModelForCausalLM
+
+    from reinforge.models.loading import load_tokenizer
+    from reinforge.workers.rollout.lean import LeanRollout
+
+    tok = load_tokenizer(real_qwen_dir)
+    model = AutoModelForCausalLM.from_pretrained(real_qwen_dir, dtype=torch.float32).eval()
+    engine = LeanRollout(model, tok, max_prompt_length=512, max_response_length=64)
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    im_end = tok.convert_tokens_to_ids("<|im_end|>")
+    call = enc('<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*3"}}\n</tool_call>') + [im_end]
+    answer = enc("It is 36.") + [im_end]
+    scripted = ScriptedEngine(engine, [call, answer])
+    gw = Gateway(scripted, tok, get_parser("hermes"), api_key="secret")
+    gw.start()
+    try:
+        gw.open_rollout("h")
+        c = client(gw, "h")
+        msgs = [{"role": "user", "content": "What is 12*3?"}]
+        r1 = c.chat.completions.create(model="policy", messages=msgs, tools=[CALC])
+        m = r1.choices[0].message
+        assert r1.choices[0].finish_reason == "tool_calls" and m.tool_calls[0].function.name == "calculator"
+        msgs += [m, {"role": "tool", "tool_call_id": m.tool_calls[0].id, "content": "36"}]
+        r2 = c.chat.completions.create(model="policy", messages=msgs, tools=[CALC])
+        assert r2.choices[0].message.content == "It is 36."
+        log = gw.end_rollout("h")
+    finally:
+        gw.close()
+    first = tok.apply_chat_template([{"role": "user", "content": "What is 12*3?"}], tools=[CALC],
+                                    add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
+    assert list(log.calls[0].prompt_ids) == first
+    r = rebuild(log.calls)
+    assert (len(r.sequences), r.edited) == (1, 0)
+    s = r.sequences[0]
+    sampled_call = call[:-1]  # the turn ends at the stop string </tool_call>, as in the agent loop
+    n_obs = len(s.response_ids) - len(sampled_call) - len(answer)
+    assert s.response_ids[:len(sampled_call)] == sampled_call and s.response_ids[-len(answer):] == answer
+    assert s.mask == [1] * len(sampled_call) + [0] * n_obs + [1] * len(answer)
+    obs = tok.decode(s.response_ids[len(sampled_call):len(sampled_call) + n_obs])
+    assert obs == "<|im_end|>\n<|im_start|>user\n<tool_response>\n36\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
