@@ -289,7 +289,7 @@ class Gateway:
             prep["sampling"] = self.sampling
         else:
             prep["sampling"] = (temperature if temperature > 0 else 1.0, getattr(self.engine, "top_k", 0), top_p)
-        prep["greedy"] = self.greedy or temperature == 0.0
+        prep["greedy"] = self.greedy or (self.sampling is None and temperature == 0.0)  # training: the run's
         return prep
 
     def _completion_prompt(self, prompt) -> list[int]:
