@@ -151,6 +151,7 @@ class GatewayRollout:
         runs = [AgentRun(f"g{self._round}-{i}-{k}-{secrets.token_hex(4)}", i, dict(rows[i]))
                 for i in range(len(prompts)) for k in range(n)]
         counts = {r: 0 for r in DROP_REASONS} | {"edited_calls": 0, "forks": 0, "calls": 0}
+        errors_before = self.gateway.counters["errors"]
         logs = self._run_all(runs, counts)
         primary, extra = [], []  # (run, reward, metrics, sequence or None, call turns)
         for run in runs:
@@ -169,7 +170,7 @@ class GatewayRollout:
         summary = {"runs": float(len(runs)), **{f"dropped_{k}" if k in DROP_REASONS else k: float(v)
                                                  for k, v in counts.items()},
                    "dropped": float(dropped), "sequences": float(len(runs) - dropped + len(extra)),
-                   "gateway_errors": float(self.gateway.counters["errors"])}
+                   "gateway_errors": float(self.gateway.counters["errors"] - errors_before)}  # this round's
         if dropped == len(runs):
             print(f"[reinforge] rollout.agent: every one of {len(runs)} runs was dropped "
                   f"({', '.join(f'{k}: {counts[k]}' for k in DROP_REASONS if counts[k])})", file=sys.stderr)
