@@ -36,6 +36,7 @@ LAYERS: list[tuple[str, frozenset[str], bool]] = [
     ("domain", frozenset({"data", "rewards", "tasks"}), True),
     ("workers", frozenset({"workers"}), False),
     ("agents", frozenset({"agents"}), False),
+    ("gateway", frozenset({"gateway"}), False),
     ("distributed", frozenset({"distributed"}), False),
     ("trainers", frozenset({"trainers"}), False),
     ("cli", frozenset({"cli"}), False),

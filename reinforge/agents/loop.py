@@ -373,7 +373,23 @@ def episode_metrics(trajectories: list[dict], prefix: str = "agent/") -> dict[st
             f"{prefix}tool_errors": sum(t["tool_errors"] for t in trajectories) / n,
             f"{prefix}tool_latency_s": sum(t["tool_latency_s"] for t in trajectories) / max(calls, 1),
             f"{prefix}truncated_episodes": sum(t["truncated"] for t in trajectories) / n,
-            f"{prefix}budget_exhausted": sum(t["budget_exhausted"] for t in trajectories) / n}
+            f"{prefix}budget_exhausted": sum(t["budget_exhausted"] for t in trajectories) / n,
+            **gateway_metrics(trajectories, prefix)}
+
+
+def gateway_metrics(trajectories: list[dict], prefix: str) -> dict[str, float]:
+    """rollout.agent's rows (reinforge.gateway.rollout): the means of the agents' own metrics
+    ({prefix}metrics/NAME) and the counts of their round ({prefix}gateway/..., the same dict on
+    every row of a round: runs, dropped_<reason>, calls, edited_calls, forks, sequences)."""
+    out: dict[str, float] = {}
+    names = sorted({k for t in trajectories for k in t.get("agent_metrics", {})})
+    for k in names:
+        vals = [t["agent_metrics"][k] for t in trajectories if k in t.get("agent_metrics", {})]
+        out[f"{prefix}metrics/{k}"] = sum(vals) / len(vals)
+    rounds = {id(t["gateway"]): t["gateway"] for t in trajectories if "gateway" in t}
+    for k in sorted({k for g in rounds.values() for k in g}):
+        out[f"{prefix}gateway/{k}"] = float(sum(g.get(k, 0.0) for g in rounds.values()))
+    return out
 
 
 def prompt_tools(r) -> Callable:

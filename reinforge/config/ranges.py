@@ -38,7 +38,8 @@ RANGES: dict[str, dict[str, str]] = {
     "RolloutConfig": dict(n=SIZE, temperature=POS, top_p=PROB, top_k=COUNT, max_response_length=SIZE,
                           micro_batch_size=SIZE, val_n=SIZE, val_temperature=POS, gpu_memory_utilization=PROB,
                           cpu_kv_cache_gb=POS, cpu_threads=COUNT,
-                          tis_cap=POS, staleness=COUNT, stream_prompts=COUNT, max_turns=SIZE),
+                          tis_cap=POS, staleness=COUNT, stream_prompts=COUNT, max_turns=SIZE,
+                          agent_concurrency=SIZE, agent_timeout_s=POS),
     "ActorConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=COUNT,
                         max_tokens_per_micro_batch=COUNT, loss_norm_const=POS, entropy_coeff=NONNEG,
                         kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE),  # + the policy losses' params

@@ -171,6 +171,19 @@ class RolloutConfig:
     """A multi-turn environment instead of tools (max_turns > 1): a built-in name (guess_number)
     or package.module:Class / path/file.py:Class; each turn's text goes to its step(), whose answer is the next
     observation and whose per-turn rewards join the score. Empty: none."""
+    agent: str = ""
+    """Your own agent as the rollout: path/file.py:run or package.module:run, a function (or async
+    function) run(base_url, api_key, row) -> reward or {"reward", "metrics"} that calls the model
+    through an OpenAI client at base_url (the model gateway, reinforge.gateway; docs/agents.md,
+    "Bring your own agent"). Runs rollout.n times per prompt; empty: the built-in rollout."""
+    agent_concurrency: int = 64
+    """rollout.agent: agent runs at once (each in its own thread)."""
+    agent_timeout_s: float = 300.0
+    """rollout.agent: seconds a run may take from its start; past it the run is ended and dropped."""
+    agent_history: str = "split"
+    """rollout.agent: a run whose calls rebuild into several sequences (its harness edited the
+    history, or continued one turn twice): split (each sequence a row with the run's reward) or
+    drop (the run dropped). Counted as agent/gateway/edited_calls and forks either way."""
 
 
 @dataclass

@@ -185,6 +185,26 @@ def check_agent(r) -> None:
                            f"set rollout.ignore_eos=false")
 
 
+def check_agent_gateway(cfg: RLConfig) -> None:
+    """rollout.agent (the model gateway, reinforge.gateway): the run shapes it serves. The agent
+    itself is imported by the preflight, which builds no model either."""
+    r = cfg.rollout
+    if not r.agent:
+        return
+    need(r.max_turns == 1 and not r.tools and not r.env,
+         "rollout.agent runs its own loop: drop rollout.max_turns / rollout.tools / rollout.env")
+    need(r.staleness == 0, f"rollout.agent runs with the synchronous trainer only (got rollout.staleness={r.staleness}); "
+                           "set rollout.staleness=0")
+    need(cfg.trainer.backend == "local", "rollout.agent serves the model from this process: trainer.backend=local "
+                                         f"(got {cfg.trainer.backend!r}); Ray rollout workers are not supported")
+    need(r.backend in ("lean", "hf"), f"rollout.agent continues token prefixes: rollout.backend=lean or hf "
+                                      f"(got {r.backend!r})")
+    need(not r.ignore_eos, "rollout.agent: EOS ends a model call; set rollout.ignore_eos=false")
+    check_choice(r.agent_history, ("split", "drop"), "rollout.agent_history")
+    need(r.agent_concurrency >= 1, f"rollout.agent_concurrency={r.agent_concurrency} must be >= 1")
+    need(r.agent_timeout_s > 0, f"rollout.agent_timeout_s={r.agent_timeout_s} must be > 0")
+
+
 def validate(cfg: RLConfig) -> RLConfig:
     """Check the rules about `cfg`'s values; returns it unchanged (trainers/plan.py derives the
     plan from it)."""
@@ -212,6 +232,7 @@ def validate(cfg: RLConfig) -> RLConfig:
                                                         f"decodes with; rollout.dtype={r.dtype} decodes from a copy: "
                                                         f"set rollout.dtype=model")
     check_agent(r)
+    check_agent_gateway(cfg)
     if a.adv_estimator in advantages.NEEDS_GROUPS:
         need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "
                        f"rollout.n={r.n} must be >= 2")
@@ -233,7 +254,7 @@ def validate(cfg: RLConfig) -> RLConfig:
             check_model_path(crit.model_path, "critic.model_path")
     check_teacher(cfg)
     functions = normalize_reward_functions(cfg.reward.functions, "reward.functions")
-    need(bool(functions) or cfg.reward.reward_model_path or (r.max_turns > 1 and r.env),
+    need(bool(functions) or cfg.reward.reward_model_path or (r.max_turns > 1 and r.env) or r.agent,
          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
     return cfg
 

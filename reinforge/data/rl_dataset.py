@@ -36,7 +36,8 @@ class RLDataset(ItemsDataset):
     """Prompts for RL with their ground truth, tokenized once at construction.
 
     Items: {"prompt_text": str, "prompt_ids": list[int] (P_i,), "ground_truth": Any,
-    "data_source": str, "extra": dict, "index": int (row in the file)}.
+    "data_source": str, "extra": dict, "index": int (row in the file), "prompt_raw": the prompt
+    column's value as read (a string or a list of messages: what rollout.agent's row holds)}.
     `extra` holds every other column (veRL's `extra_info`, `ability`, ...) plus `data_source`,
     and is passed to reward functions as keyword arguments (columns named like their positional
     arguments, REWARD_ARGS, are left out).
@@ -95,7 +96,7 @@ class RLDataset(ItemsDataset):
             skip = {prompt_key, "reward_model", gt_col, *REWARD_ARGS, *(IMAGE_COLUMNS if i in visual else ())}
             extra = {k: v for k, v in row.items() if k not in skip}
             extra["data_source"] = source or default_source
-            meta.append((gt, extra))
+            meta.append((gt, extra, row.get(prompt_key)))
         for i, (messages, _) in visual.items():
             require_processor(tokenizer, self.path, i, prompt_key)
             texts[i] = render_messages(tokenizer, messages, self.path, i, prompt_key)
@@ -106,7 +107,7 @@ class RLDataset(ItemsDataset):
         for i, (messages, images) in visual.items():
             all_ids[i], vision[i] = encode_image_prompt(tokenizer, texts[i], images)
         all_ids = with_bos(text_tokenizer(tokenizer), nonempty_ids(all_ids, self.path, prompt_key))
-        for i, (text, ids, (gt, extra)) in enumerate(zip(texts, all_ids, meta)):
+        for i, (text, ids, (gt, extra, raw)) in enumerate(zip(texts, all_ids, meta)):
             if len(ids) > max_prompt_length:
                 if overlong_prompt == "error" or (i in visual and overlong_prompt == "truncate_left"):
                     raise row_error(
@@ -124,7 +125,7 @@ class RLDataset(ItemsDataset):
                 text = text_tokenizer(tokenizer).decode(ids)
             self.items.append(
                 {"prompt_text": text, "prompt_ids": list(ids), "ground_truth": gt,
-                 "data_source": extra["data_source"], "extra": extra, "index": i}
+                 "data_source": extra["data_source"], "extra": extra, "index": i, "prompt_raw": raw}
             )
             if i in visual:
                 self.items[-1]["prompt_messages"], self.items[-1]["images"] = visual[i]

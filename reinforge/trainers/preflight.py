@@ -319,6 +319,10 @@ def check_rl_files(plan: RunPlan) -> None:
         from reinforge.agents.loop import agent_parts
 
         agent_parts(cfg.rollout)  # every tool and the environment imported (ConfigError naming the key)
+    if cfg.rollout.agent:
+        from reinforge.gateway.rollout import load_agent
+
+        load_agent(cfg.rollout.agent)  # the user's agent imported (ConfigError naming rollout.agent)
     check_reward_rows(plan.reward_functions, [*cfg.data.train_files, *cfg.data.val_files], plan.rows)
     check_lora_targets(cfg)
 

@@ -82,6 +82,10 @@ def make_rollout(cfg: RLConfig, actor_model, tokenizer, **engine_kw):
                          trust_remote_code=m.trust_remote_code, **engine_kw)
     rollout = build_rollout(r.backend, actor_model, tokenizer, r, max_prompt_length=cfg.data.max_prompt_length,
                             **engine_kw)
+    if r.agent:  # the user's agent against the model gateway (reinforge.gateway)
+        from reinforge.gateway.rollout import make_gateway_rollout
+
+        return make_gateway_rollout(r, rollout, tokenizer)
     if r.max_turns > 1:  # episodes of several turns with tools or an environment (reinforge.agents.loop)
         from reinforge.agents.loop import make_agent_rollout
 

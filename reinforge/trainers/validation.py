@@ -32,6 +32,8 @@ def prompts_batch(items: list[dict], first_uid: int) -> Batch:
                    "ground_truth": [it["ground_truth"] for it in items],
                    "data_source": [it.get("data_source", "unknown") for it in items],
                    "extra": [it.get("extra", {}) for it in items]}
+    if all("prompt_raw" in it for it in items):  # the prompt column as the file holds it (rollout.agent's row)
+        non_tensors["prompt_raw"] = [it["prompt_raw"] for it in items]
     if any(it.get("vision") is not None for it in items):
         non_tensors["vision"] = [it.get("vision") for it in items]
     return Batch({"uid": torch.arange(first_uid, first_uid + len(items), dtype=torch.long)}, non_tensors)
@@ -42,6 +44,8 @@ def _generate_and_score(rollout, reward, prompts: Batch, n: int, temperature: fl
     outs = []
     for part in prompts.split(batch_size):
         b = rollout.generate(part, n=n, temperature=temperature, greedy=greedy)
+        if len(b) > len(part) * n:  # rollout.agent_history=split: a run's extra sequences follow its B0 * n rows
+            b = b.index(list(range(len(part) * n)))
         outs.append(b | reward.score(b).batch())
         progress(len(b))
     return Batch.concat(outs)
