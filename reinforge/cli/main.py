@@ -331,8 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default=None, help="default runs/demo (seed 0) or runs/demo_seed<K>; "
                    "runs/demo_calculator[_seed<K>] for --task calculator, runs/demo_count_shapes[_text_only][_seed<K>] "
                    "for --task count_shapes")
-    p.add_argument("--task", choices=["arithmetic", "calculator", "count_shapes"], default="arithmetic",
-                   help="arithmetic: 2-digit addition (make demo); calculator: 3-digit x 2-digit products "
+    p.add_argument("--task", choices=["arithmetic", "chain_sum", "calculator", "count_shapes"], default="arithmetic",
+                   help="arithmetic: 2-digit addition (make demo); chain_sum: SmolLM2-135M-Instruct on "
+                        "reasoning-gym's chain_sum, SFT warm start then GRPO (docs/demo.md); calculator: 3-digit x 2-digit products "
                         "with the calculator tool (docs/agents.md); count_shapes: a tiny vision-language "
                         "model counts red shapes in pictures (docs/demo.md)")
     p.add_argument("--text-only", action="store_true",
