@@ -49,3 +49,20 @@ def test_chain_sum_demo_quick_end_to_end(tmp_path, capsys, smollm2_folder):
     assert report["cpu_s"]["total"] > 0 and set(report["wall_s"]) == set(report["cpu_s"])
     rows = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows if "val/acc_greedy" in r] == [0, 2]
+
+
+def test_seeds_draw_different_questions(tmp_path, monkeypatch):
+    """reasoning-gym draws entry i from seed + i: the demo spaces its data seeds apart so that
+    --seed 0 and --seed 1 do not share their held-out questions (shifted by one row)."""
+    from reinforge.cli import demo_chain_sum as demo
+    from reinforge.data.io import load_rows
+
+    monkeypatch.setattr("reinforge.models.pretrained.pretrained_folder", lambda name, quiet=True: tmp_path)
+    monkeypatch.setattr(demo, "QUICK_TASK", {"n_train": 64, "n_test": 40, "n_eval": 30})
+    tests = []
+    for seed in (0, 1):
+        monkeypatch.setattr("reinforge.models.pretrained.truncated_copy", lambda src, out, layers: src)
+        _, paths, task = demo.make_inputs(tmp_path / str(seed), True, seed)
+        tests.append({r["prompt"][-1]["content"] for r in load_rows(paths["test"])})
+        assert len(load_rows(paths["sft"])) == task["n_train"]
+    assert len(tests[0] & tests[1]) < 5, len(tests[0] & tests[1])  # 4,000 questions: a few by chance

@@ -33,6 +33,9 @@ MODEL = "smollm2-135m-instruct"
 TASK = {"task": "chain_sum", "options": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1},
         "system": "Answer with only the number.", "instruction": "", "n_train": 2000, "n_test": 380, "n_eval": 200}
 QUICK_TASK = {"n_train": 64, "n_test": 40, "n_eval": 8}
+# reasoning-gym draws entry i from seed + i, so --seed K and K + 1 would share all but one row;
+# the demo's data seed is K * DATA_SEED_STRIDE (> n_train + n_test): disjoint draws per seed.
+DATA_SEED_STRIDE = 10_000
 QUICK_LAYERS = 2  # --quick trains a copy of the model cut to its first 2 decoder layers (the CI check)
 QUICK_SFT = ["trainer.total_steps=2", "data.batch_size=4", "optim.micro_batch_size=4"]
 QUICK_RL = ["trainer.total_steps=2", "data.train_batch_size=2", "rollout.n=4", "rollout.val_n=2",
@@ -93,7 +96,7 @@ def make_inputs(out: Path, quick: bool, seed: int) -> tuple[Path, dict, dict]:
     if quick:
         model = truncated_copy(model, out / "model_quick", layers=QUICK_LAYERS)
     paths = make_reasoning_gym_data(task["task"], str(out / "data"), n_train=task["n_train"], n_test=task["n_test"],
-                                    seed=task["data_seed"], instruction=task["instruction"], system=task["system"],
+                                    seed=task["data_seed"] * DATA_SEED_STRIDE, instruction=task["instruction"], system=task["system"],
                                     options=task["options"])
     test = load_rows(paths["test"])
     if len(test) < task["n_eval"]:
