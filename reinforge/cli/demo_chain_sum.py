@@ -96,8 +96,8 @@ def make_inputs(out: Path, quick: bool, seed: int) -> tuple[Path, dict, dict]:
     if quick:
         model = truncated_copy(model, out / "model_quick", layers=QUICK_LAYERS)
     paths = make_reasoning_gym_data(task["task"], str(out / "data"), n_train=task["n_train"], n_test=task["n_test"],
-                                    seed=task["data_seed"] * DATA_SEED_STRIDE, instruction=task["instruction"], system=task["system"],
-                                    options=task["options"])
+                                    seed=task["data_seed"] * DATA_SEED_STRIDE, instruction=task["instruction"],
+                                    system=task["system"], options=task["options"])
     test = load_rows(paths["test"])
     if len(test) < task["n_eval"]:
         raise SystemExit(f"reinforge demo: {len(test)} held-out prompts after dropping those in train, "
@@ -164,7 +164,8 @@ def format_table(report: dict) -> str:
         gain = f"{vals[2] - vals[0]:>+10.3f}" if vals[0] is not None and vals[2] is not None else ""
         lines.append(f"{k:<16}{cells}{gain}")
     lines += ["", f"{'time':<16}{'wall s':>10}{'CPU s':>10}"]
-    lines += [f"{stage:<16}{report['wall_s'][stage]:>10.1f}{report['cpu_s'][stage]:>10.1f}" for stage in report["wall_s"]]
+    wall, cpu = report["wall_s"], report["cpu_s"]
+    lines += [f"{stage:<16}{wall[stage]:>10.1f}{cpu[stage]:>10.1f}" for stage in wall]
     return "\n".join(lines)
 
 

@@ -333,7 +333,8 @@ def build_parser() -> argparse.ArgumentParser:
                    "for --task count_shapes")
     p.add_argument("--task", choices=["arithmetic", "chain_sum", "calculator", "count_shapes"], default="arithmetic",
                    help="arithmetic: 2-digit addition (make demo); chain_sum: SmolLM2-135M-Instruct on "
-                        "reasoning-gym's chain_sum, SFT warm start then GRPO (docs/demo.md); calculator: 3-digit x 2-digit products "
+                        "reasoning-gym's chain_sum, SFT warm start then GRPO (docs/demo.md); "
+                        "calculator: 3-digit x 2-digit products "
                         "with the calculator tool (docs/agents.md); count_shapes: a tiny vision-language "
                         "model counts red shapes in pictures (docs/demo.md)")
     p.add_argument("--text-only", action="store_true",

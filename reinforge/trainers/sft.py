@@ -183,7 +183,8 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         leaves `auto` at none: its presets were tuned in fp32)."""
         m = self.cfg.model
         with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, enabled=m.autocast == "bf16"):
-            return target_logprobs(self.model, batch, m.logprob_chunk_size, m.fused_logprobs, vision=batch.get("vision"))
+            return target_logprobs(self.model, batch, m.logprob_chunk_size, m.fused_logprobs,
+                                   vision=batch.get("vision"))
 
     def step(self) -> dict[str, float]:
         """One optimizer step over data.batch_size rows, accumulated over micro-batches (the one
