@@ -141,3 +141,19 @@ def test_resume_without_checkpoint_says_so(tiny_model_dir, arith_data, tmp_path,
     trainer = SFTTrainer(_cfg(tiny_model_dir, arith_data, tmp_path))
     assert trainer.resume() == 0 and trainer.step_idx == 0
     assert f"no checkpoint in {tmp_path / 'checkpoints'}; starting from step 0" in capsys.readouterr().err
+
+
+def test_bf16_autocast_only_when_asked(tiny_model_dir, arith_data, tmp_path):
+    """model.autocast=bf16 runs SFT's forward under bf16 autocast: log-probs within bf16 rounding
+    of fp32, and not identical to them (the autocast is on); auto leaves SFT in fp32."""
+    fp32 = SFTTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / "auto"))
+    bf16 = SFTTrainer(_cfg(tiny_model_dir, arith_data, tmp_path / "bf16", **{"model.autocast": "bf16"}))
+    batch = collate_rows(fp32.train_rows[:8], fp32.tok.pad_token_id)
+    with torch.no_grad():
+        ref, auto, low = target_logprobs(fp32.model, batch), fp32._logprobs(batch), bf16._logprobs(batch)
+    torch.testing.assert_close(auto, ref, rtol=0, atol=0)
+    assert low.dtype == torch.float32 and not torch.equal(low, ref)
+    torch.testing.assert_close(low, ref, rtol=0, atol=0.1)
+    loss = bf16._nll(batch, None, low.numel())[0]
+    loss.backward()
+    assert all(p.grad is None or torch.isfinite(p.grad).all() for p in bf16.model.parameters())

@@ -110,6 +110,10 @@ def main(args) -> int:
 
     before = torch.get_num_threads()
     try:
+        if getattr(args, "task", "arithmetic") == "chain_sum":
+            from reinforge.cli.demo_chain_sum import run_chain_sum_demo
+
+            return run_chain_sum_demo(args, _threads())
         if getattr(args, "task", "arithmetic") == "calculator":
             from reinforge.cli.demo_calculator import run_calculator_demo
 

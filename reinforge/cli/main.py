@@ -344,10 +344,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quick", action="store_true", help="a few steps only (used by the tests)")
     p.add_argument("--seed", type=int, default=0, help="seed of the data, model init, SFT and RL (make demo: 0)")
     p.add_argument("--out", default=None, help="default runs/demo (seed 0) or runs/demo_seed<K>; "
-                   "runs/demo_calculator[_seed<K>] for --task calculator, runs/demo_count_shapes[_text_only][_seed<K>] "
+                   "runs/demo_chain_sum[_seed<K>] for --task chain_sum, runs/demo_calculator[_seed<K>] for "
+                   "--task calculator, runs/demo_count_shapes[_text_only][_seed<K>] "
                    "for --task count_shapes")
-    p.add_argument("--task", choices=["arithmetic", "calculator", "count_shapes"], default="arithmetic",
-                   help="arithmetic: 2-digit addition (make demo); calculator: 3-digit x 2-digit products "
+    p.add_argument("--task", choices=["arithmetic", "chain_sum", "calculator", "count_shapes"], default="arithmetic",
+                   help="arithmetic: 2-digit addition (make demo); chain_sum: SmolLM2-135M-Instruct on "
+                        "reasoning-gym's chain_sum, SFT warm start then GRPO (docs/demo.md); "
+                        "calculator: 3-digit x 2-digit products "
                         "with the calculator tool (docs/agents.md); count_shapes: a tiny vision-language "
                         "model counts red shapes in pictures (docs/demo.md)")
     p.add_argument("--text-only", action="store_true",

@@ -40,7 +40,8 @@ class ModelConfig:
     actor's backward) run their decoder matmuls in bfloat16 under torch.autocast; weights,
     optimizer, the LM head on the fused path, log-softmax and losses stay fp32. auto (RL runs):
     bf16 for a model of >= 100M parameters on a device with native bf16 matmuls (a CPU with
-    avx512_bf16 / amx_bf16, a bf16 GPU), else none (models/shape_defaults.py)."""
+    avx512_bf16 / amx_bf16, a bf16 GPU), else none (models/shape_defaults.py). SFT runs its
+    forward and backward under bf16 only when set to bf16 (auto is none there)."""
     fused_logprobs: bool = True
     """Compute log-probs from hidden states in token chunks so full (N, V) logits never exist."""
     logprob_chunk_size: int = 0

@@ -179,8 +179,12 @@ class SFTTrainer(SingleModelCheckpoints, TrainingLoop):
         return {k: v.to(self.device) if isinstance(v, torch.Tensor) else v for k, v in b.items()}
 
     def _logprobs(self, batch: dict) -> torch.Tensor:
+        """Target log-probs; the decoder's matmuls in bf16 when model.autocast=bf16 is set (SFT
+        leaves `auto` at none: its presets were tuned in fp32)."""
         m = self.cfg.model
-        return target_logprobs(self.model, batch, m.logprob_chunk_size, m.fused_logprobs, vision=batch.get("vision"))
+        with torch.autocast(torch.device(self.device).type, dtype=torch.bfloat16, enabled=m.autocast == "bf16"):
+            return target_logprobs(self.model, batch, m.logprob_chunk_size, m.fused_logprobs,
+                                   vision=batch.get("vision"))
 
     def step(self) -> dict[str, float]:
         """One optimizer step over data.batch_size rows, accumulated over micro-batches (the one
