@@ -85,8 +85,9 @@ class Clock:
 
 
 def make_inputs(out: Path, quick: bool, seed: int) -> tuple[Path, dict, dict]:
-    """(model folder, data paths {train, test, sft}, task settings). The SFT pairs are the RL
-    prompts with the task's answers; the held-out rows are the first n_eval test rows."""
+    """(model folder, data paths {train, test, sft}, task settings). The SFT rows are the RL
+    prompts with the task's answers (data/reasoning_gym.sft_rows); the held-out rows are the first
+    n_eval test rows."""
     from reinforge.data.io import load_rows, write_rows
     from reinforge.data.reasoning_gym import make_reasoning_gym_data
     from reinforge.models.pretrained import pretrained_folder, truncated_copy
@@ -103,8 +104,8 @@ def make_inputs(out: Path, quick: bool, seed: int) -> tuple[Path, dict, dict]:
         raise SystemExit(f"reinforge demo: {len(test)} held-out prompts after dropping those in train, "
                          f"fewer than {task['n_eval']}")
     paths["test"] = write_rows(test[:task["n_eval"]], str(out / "data" / "test.parquet"))
-    sft = [{"prompt": r["prompt"], "response": r["reward_model"]["ground_truth"]} for r in load_rows(paths["train"])]
-    paths["sft"] = write_rows(sft, str(out / "data" / "sft.parquet"))
+    # paths["sft"]: the data module's chat SFT rows (the train prompts answered with the gold; no
+    # instruction here, so the answer alone), the same pairs the demo used to write beside it.
     return Path(model), paths, task
 
 
