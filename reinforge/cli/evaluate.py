@@ -6,23 +6,17 @@ from pathlib import Path
 
 from reinforge.config.common import GenEvalConfig
 from reinforge.config.load import ConfigError
-from reinforge.config.validate import check_model_path
 from reinforge.data.hf_datasets import is_dataset_source
-from reinforge.models.checks import check_model_files, check_tokenizer_files
-from reinforge.models.hub import resolve_model_path
 from reinforge.models.loading import load_causal_lm, load_tokenizer
 from reinforge.trainers.plan import resolve_device
-from reinforge.trainers.preflight import check_reward_function, check_reward_rows
+from reinforge.trainers.preflight import check_model_flag, check_reward_function, check_reward_rows
 from reinforge.trainers.validation import PromptEvaluator
 
 
 def main(args) -> int:
     # Every input is checked before the model loads, as in the training commands; a Hub id
     # (org/name[@revision]) is resolved to its cached snapshot first, as model.path is.
-    args.model = resolve_model_path(args.model, "--model")
-    check_model_path(args.model, "--model")
-    check_model_files(args.model, "--model")
-    check_tokenizer_files(args.model, "--model")
+    args.model = check_model_flag(args.model, "--model")
     check_reward_function(args.reward, "--reward")
     if not (Path(args.data).is_file() or is_dataset_source(args.data)):
         raise ConfigError(f"--data={args.data!r}: no such file (give a parquet/JSONL file, a save_to_disk "

@@ -9,18 +9,12 @@ import json
 from pathlib import Path
 
 from reinforge.config.load import ConfigError
-from reinforge.config.validate import check_model_path
-from reinforge.models.checks import check_model_files, check_tokenizer_files
-from reinforge.models.hub import resolve_model_path
-from reinforge.trainers.preflight import check_reward_function, check_reward_rows
+from reinforge.trainers.preflight import check_model_flag, check_reward_function, check_reward_rows
 
 
 def check_args(args) -> None:
     """Every input checked before a model loads; ConfigError naming the flag."""
-    args.model = resolve_model_path(args.model, "--model")
-    check_model_path(args.model, "--model")
-    check_model_files(args.model, "--model")
-    check_tokenizer_files(args.model, "--model")
+    args.model = check_model_flag(args.model, "--model")
     check_reward_function(args.reward, "--reward")
     if not Path(args.data).is_file():
         raise ConfigError(f"--data={args.data!r}: no such file (an RL-schema parquet/JSONL file of prompts)")

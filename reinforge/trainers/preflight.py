@@ -134,6 +134,19 @@ def check_judge(rw) -> None:
 
 
 # ---- files ------------------------------------------------------------------------------------
+def check_model_flag(path: str, flag: str) -> str:
+    """A command's model flag (`reinforge eval --model`, `data pairs --model`) resolved as model.path
+    is (a Hub id or pretrained:NAME to its cached folder) and checked before any model loads: the
+    folder, its weight files and its tokenizer. Returns the resolved path; ConfigError naming the flag."""
+    from reinforge.models.hub import resolve_model_path
+
+    path = resolve_model_path(path, flag)
+    check_model_path(path, flag)
+    check_model_files(path, flag)
+    check_tokenizer_files(path, flag)
+    return path
+
+
 def check_reward_function(spec: str, key: str, style: str | None = None) -> None:
     """Import reward function `spec` and check that it can be called in its style (`style`
     forces one); ConfigError naming `key` if not."""
