@@ -37,7 +37,7 @@ from reinforge.agents.base import Environment, Tool
 from reinforge.agents.executor import run_tool_calls
 from reinforge.protocol import Batch
 from reinforge.rewards.styles import public_extra
-from reinforge.workers.rollout.base import RolloutCapabilities
+from reinforge.workers.rollout.base import RolloutCapabilities, WrappingRollout
 from reinforge.workers.rollout.common import assemble_rollout, pad_prompts, sampling_meta
 
 
@@ -129,7 +129,7 @@ def row_tool_names(value) -> list[str] | None:
     return [str(v) for v in value]
 
 
-class AgentRollout:
+class AgentRollout(WrappingRollout):
     """`generate(prompts, n, temperature, greedy)` as the single-turn rollouts, over episodes: a
     Rollout (workers/rollout/base.py) wrapping one. Its capabilities, `model` and `generator` are
     the inner engine's, so the asynchronous producer and a Ray rank never look inside.
@@ -145,10 +145,10 @@ class AgentRollout:
     def __init__(self, inner, tokenizer, *, max_turns: int, parser, tools: dict[str, Tool] | None = None,
                  env_factory: Callable[[], Environment] | None = None,
                  resolve_tools: Callable[[list[str]], dict[str, Tool]] | None = None):
-        self.inner, self.tok, self.max_turns, self.parser = inner, tokenizer, max_turns, parser
+        self.wrap(inner)  # P, T, model, generator, continue_ids, sync_weights: the inner engine's
+        self.tok, self.max_turns, self.parser = tokenizer, max_turns, parser
         self.tools, self.env_factory = tools or {}, env_factory
         self.resolve_tools = resolve_tools or _cached_load_tools
-        self.P, self.T = inner.P, inner.T
         self.eos_ids = set(inner.eos_ids)
         self.scanners: dict[tuple, StopScanner] = {}
 
@@ -156,24 +156,6 @@ class AgentRollout:
     @property
     def capabilities(self) -> RolloutCapabilities:
         return self.inner.capabilities
-
-    @property
-    def model(self):
-        return self.inner.model
-
-    @property
-    def generator(self):
-        return self.inner.generator
-
-    @generator.setter
-    def generator(self, value) -> None:
-        self.inner.generator = value
-
-    def sync_weights(self, actor_model) -> None:
-        self.inner.sync_weights(actor_model)
-
-    def continue_ids(self, contexts: list[list[int]], max_new: int, **kw):
-        return self.inner.continue_ids(contexts, max_new, **kw)
 
     def with_model(self, model) -> "AgentRollout":
         """This loop around the inner engine generating with `model` (tools and scanners shared)."""

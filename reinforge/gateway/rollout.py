@@ -43,7 +43,7 @@ import torch
 from reinforge.gateway.capture import rebuild
 from reinforge.protocol import Batch
 from reinforge.rewards.styles import public_extra
-from reinforge.workers.rollout.base import RolloutCapabilities
+from reinforge.workers.rollout.base import RolloutCapabilities, WrappingRollout
 from reinforge.workers.rollout.common import pad_prompts, sampling_meta
 
 DROP_REASONS = ("timeout", "raised", "bad_return", "no_calls", "edited", "empty")
@@ -92,7 +92,7 @@ def parse_result(res) -> tuple[float, dict[str, float]]:
     return float(res), {str(k): float(v) for k, v in metrics.items()}
 
 
-class GatewayRollout:
+class GatewayRollout(WrappingRollout):
     """A Rollout (workers/rollout/base.py) running user agents against the gateway over `inner`
     (a lean / hf engine); `model`, `generator` and weight syncs are the inner engine's."""
 
@@ -100,34 +100,19 @@ class GatewayRollout:
                  history: str = "split", model_name: str = "policy"):
         from reinforge.gateway.server import Gateway
 
-        self.inner, self.tok, self.agent = inner, tokenizer, agent
+        self.wrap(inner)  # P, T, model, generator, continue_ids: the inner engine's
+        self.tok, self.agent = tokenizer, agent
         self.concurrency, self.timeout_s, self.history = concurrency, timeout_s, history
-        self.P, self.T = inner.P, inner.T
         self.api_key = secrets.token_hex(16)
         self.gateway = Gateway(inner, tokenizer, parser, model_name=model_name, api_key=self.api_key)
         self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True)
         self._round = 0
         self._void = 0  # dropped runs so far: their rows' group ids are -1, -2, ...
 
-    @property
-    def model(self):
-        return self.inner.model
-
-    @property
-    def generator(self):
-        return self.inner.generator
-
-    @generator.setter
-    def generator(self, value) -> None:
-        self.inner.generator = value
-
     def sync_weights(self, actor_model) -> None:
         """The inner engine's sync; later calls are stamped with the next weight version."""
-        self.inner.sync_weights(actor_model)
+        super().sync_weights(actor_model)
         self.gateway.version += 1
-
-    def continue_ids(self, contexts, max_new, **kw):
-        return self.inner.continue_ids(contexts, max_new, **kw)
 
     def with_model(self, model):
         raise NotImplementedError("rollout.agent runs with the synchronous trainer only (rollout.staleness=0)")

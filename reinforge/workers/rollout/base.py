@@ -93,3 +93,33 @@ class Rollout(Protocol):
         """The same rollout generating with `model` (the asynchronous producer's deep copy of the
         actor: its behaviour policy). Engines without `async_ok` may raise NotImplementedError."""
         ...
+
+
+class WrappingRollout:
+    """The part of a Rollout that a wrapper around another one (the agent loop, the gateway) takes
+    from its inner engine: P, T, `model`, `generator`, `continue_ids` and the weight sync. A
+    subclass sets `self.inner` (and P, T through `wrap`) and adds generate / with_model / its
+    capabilities."""
+
+    inner: Rollout
+
+    def wrap(self, inner: Rollout) -> None:
+        self.inner, self.P, self.T = inner, inner.P, inner.T
+
+    @property
+    def model(self):
+        return self.inner.model
+
+    @property
+    def generator(self):
+        return self.inner.generator
+
+    @generator.setter
+    def generator(self, value) -> None:
+        self.inner.generator = value
+
+    def sync_weights(self, actor_model) -> None:
+        self.inner.sync_weights(actor_model)
+
+    def continue_ids(self, contexts: list[list[int]], max_new: int, **kw):
+        return self.inner.continue_ids(contexts, max_new, **kw)
