@@ -8,7 +8,7 @@ import pytest
 
 from reinforge.cli.main import main
 from reinforge.data.io import DataError
-from reinforge.data.reasoning_gym import INSTALL_HINT, make_reasoning_gym_data
+from reinforge.data.reasoning_gym import INSTALL_HINT, build_dataset, make_reasoning_gym_data
 from reinforge.rewards.reasoning_gym import extract_answer, reasoning_gym_reward
 from tests.conftest import rl_overrides
 
@@ -83,20 +83,24 @@ def test_reward_equals_the_tasks_own_score_on_the_original_entry(task_files, nam
 
 def test_data_files_schema_and_disjoint_splits(tmp_path, capsys):
     out = tmp_path / "cs"
-    # one- and two-term sums of one digit: few distinct questions, so test repeats some of train
+    # two-term sums of one digit: ~200 distinct questions, so train meets test questions and skips them
     argv = ["data", "reasoning-gym", "chain_sum", "min_terms=2", "max_terms=2", "max_digits=1", "--n-train", "60",
             "--n-test", "40", "--seed", "3", "--out", str(out), "--system", "Be brief."]
     assert main(argv) == 0
     printed = capsys.readouterr().out
     train, test = _rows(str(out / "train.parquet")), _rows(str(out / "test.parquet"))
     meta = json.loads((out / "reasoning_gym.json").read_text())
-    assert len(train) == 60 and meta["n_test"] == len(test) and meta["test_duplicates_dropped"] == 40 - len(test) > 0
-    assert f"({40 - len(test)} test questions also in train dropped)" in printed
+    # test first: the first 40 entries, every one kept; train: the next entries not asking a test question
+    assert len(test) == 40 and [r["extra_info"]["rg_index"] for r in test] == list(range(40))
+    assert [r["extra_info"]["index"] for r in test] == list(range(40))
     question = lambda r: json.loads(r["extra_info"]["rg_entry"])["question"]  # noqa: E731
     assert not {question(r) for r in train} & {question(r) for r in test}
-    assert sorted(r["extra_info"]["rg_index"] for r in train) == list(range(60))
-    assert all(60 <= r["extra_info"]["rg_index"] < 100 for r in test)
-    assert [r["extra_info"]["index"] for r in test] == list(range(len(test)))
+    ds = build_dataset("chain_sum", {"min_terms": 2, "max_terms": 2, "max_digits": 1}, seed=3, size=400)
+    held = {ds[i]["question"] for i in range(40)}
+    want = [i for i in range(40, 400) if ds[i]["question"] not in held][:60]
+    assert [r["extra_info"]["rg_index"] for r in train] == want and len(train) == 60
+    assert meta["train_skipped_in_test"] == want[-1] + 1 - 100 > 0 and meta["n_test"] == 40
+    assert f"({meta['train_skipped_in_test']} entries asking a test question skipped)" in printed
     row = train[0]
     assert set(row) == {"data_source", "prompt", "ability", "reward_model", "extra_info"}
     assert row["data_source"] == "reasoning_gym/chain_sum" and row["reward_model"]["style"] == "rule"
@@ -236,3 +240,11 @@ def test_eval_cli_greedy_only(tiny_model_dir, task_files, capsys):
     both = json.loads(capsys.readouterr().out)
     assert greedy["val/acc_greedy"] == both["val/acc_greedy"]
     assert greedy["val/response_length_greedy"] == both["val/response_length_greedy"]
+
+
+def test_train_cannot_be_filled_outside_the_test_set_is_refused(tmp_path):
+    # two-term sums of one digit have ~200 distinct questions: 2000 test entries hold all of them
+    with pytest.raises(DataError, match=r"too few distinct questions.*lower --n-test"):
+        make_reasoning_gym_data("chain_sum", str(tmp_path), n_train=10, n_test=2000, seed=0,
+                                options={"min_terms": 2, "max_terms": 2, "max_digits": 1})
+    assert not list(tmp_path.iterdir())  # nothing written

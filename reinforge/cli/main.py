@@ -136,7 +136,7 @@ def _data_reasoning_gym(args, options: dict) -> int:
     instruction = DEFAULT_INSTRUCTION if args.instruction is None else args.instruction
     r = make_reasoning_gym_data(args.task, args.out, n_train=args.n_train, n_test=args.n_test, seed=args.seed,
                                 instruction=instruction, system=args.system, options=options)
-    print(f"train: {r['train']}\ntest: {r['test']} ({r['dropped']} test questions also in train dropped)\n"
+    print(f"train: {r['train']} ({r['skipped']} entries asking a test question skipped)\ntest: {r['test']}\n"
           f"sft: {r['sft']}\nmeta: {r['meta']}")
     return 0
 

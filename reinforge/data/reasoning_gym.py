@@ -9,9 +9,12 @@ by `import_reasoning_gym`; rewards/reasoning_gym.py scores through `scorer` and 
 
 A row's extra_info holds what the task's own scorer needs: `rg_task`, `rg_options` (the task
 options as JSON), `rg_seed` / `rg_index` (where reasoning-gym generated the entry) and `rg_entry`
-(the entry {question, answer, metadata} as JSON). Train and test come from one generator run of
-n_train + n_test entries (reasoning-gym draws entry i from seed + i, so the two index ranges never
-share a draw); a test question that also occurs in train is dropped and counted.
+(the entry {question, answer, metadata} as JSON). Test is drawn first: entries 0 .. n_test-1 of one
+generator run, every one kept, so the held-out set is the task's own distribution. Train follows:
+entries n_test, n_test+1, ... whose question is not a test question, until n_train rows (a skipped
+entry is counted). The other order (train first, test questions seen in train dropped) biases the
+test set where the task has few distinct questions: with chain_sum's 2-3 terms of 1 digit there are
+~200 distinct 2-term questions, so 163 of 165 kept test questions were 3-term, measured.
 """
 from __future__ import annotations
 
@@ -30,6 +33,7 @@ INSTALL_HINT = f"pip install 'reinforge[{EXTRA}]'"
 DEFAULT_INSTRUCTION = "Put your final answer in <answer></answer>."
 SOURCE_PREFIX = "reasoning_gym/"  # data_source of the rows: reasoning_gym/<task>
 ROW_KEYS = ("rg_task", "rg_options", "rg_entry")  # the extra_info keys the reward needs
+TRAIN_SCAN = 4  # train looks at most n_test + 4 * n_train entries deep for questions outside test
 
 
 def import_reasoning_gym():
@@ -133,7 +137,7 @@ def _prompt(question: str, instruction: str, system: str) -> list[dict]:
     return ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": user}]
 
 
-def _rows(name: str, ds, options_json: str, seed: int, indices: range, split: str, instruction: str,
+def _rows(name: str, ds, options_json: str, seed: int, indices, split: str, instruction: str,
           system: str) -> list[dict]:
     """RL rows of entries `indices`, each checked to score its own answer the same from the stored
     JSON as from the generated entry (a task whose metadata JSON cannot carry is refused)."""
@@ -166,29 +170,31 @@ def make_reasoning_gym_data(name: str, out_dir: str, *, n_train: int = 2000, n_t
                             options: dict[str, Any] | None = None) -> dict:
     """Write train.parquet and test.parquet of reasoning-gym task `name` (with its `options`) to
     out_dir, sft.parquet (sft_rows: the train prompts answered with the gold answer, for SFT on
-    chat rows), and reasoning_gym.json (task, options, seed, row counts, test duplicates dropped).
-    Returns {"train", "test", "sft", "meta": paths, "dropped": int}."""
+    chat rows), and reasoning_gym.json (task, options, seed, row counts, train entries skipped for
+    asking a test question). Test first, then train (module docstring). Returns {"train", "test",
+    "sft", "meta": paths, "skipped": int}."""
     options = dict(options or {})
     if n_train < 1 or n_test < 1:
         raise DataError(f"--n-train and --n-test must be >= 1, got {n_train} and {n_test}")
-    ds = build_dataset(name, options, seed=seed, size=n_train + n_test)
+    scan = n_test + TRAIN_SCAN * n_train  # how far train may look past the test entries
+    ds = build_dataset(name, options, seed=seed, size=scan)
     options_json = json.dumps(options, sort_keys=True)
-    train = _rows(name, ds, options_json, seed, range(n_train), "train", instruction, system)
-    test = _rows(name, ds, options_json, seed, range(n_train, n_train + n_test), "test", instruction, system)
-    seen = {json.loads(r["extra_info"]["rg_entry"])["question"] for r in train}
-    kept = [r for r in test if json.loads(r["extra_info"]["rg_entry"])["question"] not in seen]
-    if not kept:
-        raise DataError(f"reasoning-gym task '{name}': every test question also occurs in train; the task "
-                        "has too few distinct questions with these options")
-    for k, r in enumerate(kept):
-        r["extra_info"]["index"] = k
+    test = _rows(name, ds, options_json, seed, range(n_test), "test", instruction, system)
+    held = {json.loads(r["extra_info"]["rg_entry"])["question"] for r in test}
+    picked = [i for i in range(n_test, scan) if ds[i]["question"] not in held][:n_train]
+    if len(picked) < n_train:
+        raise DataError(f"reasoning-gym task '{name}': only {len(picked)} of {scan - n_test} entries after the "
+                        f"{n_test} test entries ask a question outside the test set, fewer than --n-train "
+                        f"{n_train}; the task has too few distinct questions with these options (lower --n-test)")
+    train = _rows(name, ds, options_json, seed, picked, "train", instruction, system)
+    skipped = picked[-1] + 1 - n_test - n_train
     paths = {"train": write_rows(train, os.path.join(out_dir, "train.parquet")),
-             "test": write_rows(kept, os.path.join(out_dir, "test.parquet")),
+             "test": write_rows(test, os.path.join(out_dir, "test.parquet")),
              "sft": write_rows(sft_rows(train, instruction), os.path.join(out_dir, "sft.parquet"))}
-    meta = {"task": name, "options": options, "seed": seed, "n_train": len(train), "n_test": len(kept),
-            "test_duplicates_dropped": len(test) - len(kept), "instruction": instruction, "system": system,
-            "reasoning_gym": _version()}
+    meta = {"task": name, "options": options, "seed": seed, "n_train": len(train), "n_test": len(test),
+            "train_skipped_in_test": skipped, "split": "test first", "instruction": instruction,
+            "system": system, "reasoning_gym": _version()}
     paths["meta"] = os.path.join(out_dir, "reasoning_gym.json")
     with open(paths["meta"], "w", encoding="utf-8") as f:
         json.dump(meta, f, indent=2)
-    return {**paths, "dropped": len(test) - len(kept)}
+    return {**paths, "skipped": skipped}
