@@ -11,7 +11,9 @@ comparison. Settings (each adds to the GRPO preset, lr 1e-5, no KL):
 
     grpo      the preset's defaults at this size: gradient checkpointing on (auto, >= 100M
               parameters on a CPU), bf16 autocast, bf16 decoding, one micro-batch of 64
-    nockpt    gradient checkpointing off, micro-batches of 16 (the demo's setting)
+    nockpt    gradient checkpointing off, micro-batches of 16, each row forwarded whole
+    shared    nockpt with model.share_prompt (each distinct prompt of a micro-batch forwarded
+              once, its 8 responses on its key/value cache: models/shared_prompt.py)
     frozen    nockpt with the tied embedding / LM head (49,152 x 576) frozen: no gradient for it
               and no AdamW update (set on the loaded model; no config key does this)
     fp32      nockpt in fp32 (no autocast, fp32 decoding)
@@ -36,10 +38,11 @@ from reinforge.trainers.rl import RLTrainer
 
 SETTINGS = {
     "grpo": [],
-    "nockpt": ["model.gradient_checkpointing=false", "actor.micro_batch_size=16"],
-    "frozen": ["model.gradient_checkpointing=false", "actor.micro_batch_size=16"],
+    "nockpt": ["model.gradient_checkpointing=false", "actor.micro_batch_size=16", "model.share_prompt=false"],
+    "shared": ["model.gradient_checkpointing=false", "actor.micro_batch_size=16", "model.share_prompt=true"],
+    "frozen": ["model.gradient_checkpointing=false", "actor.micro_batch_size=16", "model.share_prompt=false"],
     "fp32": ["model.gradient_checkpointing=false", "actor.micro_batch_size=16", "model.autocast=none",
-             "rollout.dtype=model"],
+             "rollout.dtype=model", "model.share_prompt=false"],
 }
 
 
@@ -77,7 +80,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=2)
     ap.add_argument("--response", type=int, default=24)
-    ap.add_argument("--settings", default="grpo,nockpt,frozen,fp32")
+    ap.add_argument("--settings", default="grpo,nockpt,shared,frozen,fp32")
     args = ap.parse_args()
     tmp = Path(tempfile.mkdtemp(prefix="reinforge_chain_sum_step_"))
     data = make_reasoning_gym_data(TASK["task"], str(tmp / "data"), n_train=256, n_test=8, seed=0,

@@ -50,6 +50,13 @@ class ModelConfig:
     use_packing: bool = False
     """Remove padding: pack sequences into shared rows (positions restart per sequence,
     attention block-diagonal) for the actor, reference and critic forward passes."""
+    share_prompt: bool = True
+    """Actor and reference log-prob forwards run each distinct prompt of a micro-batch once and its
+    responses on that prompt's key/value cache (GRPO's n samples per prompt: U*P + B*T tokens
+    instead of B*(P + T)); the update orders a mini-batch's rows by group so a group shares its
+    micro-batches. Same positions and masks as whole rows: equal up to float rounding. Whole rows
+    run where it cannot apply: packing, vision prompts, sliding-window or linear-attention caches,
+    activation checkpointing in a backward, no prompt shared (models/shared_prompt.py)."""
     lora_rank: int = 0
     """LoRA rank for the actor (PEFT); 0 trains all weights. The reference is then the base
     model with the adapter disabled (no second copy). SFT and DPO take it too (DPO's reference

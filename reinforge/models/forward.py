@@ -44,7 +44,8 @@ def as_root_forward(model, fn, *args, **kwargs):
 
 def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperature: float = 1.0,
                    with_entropy: bool = False, fused: bool = True, chunk_size: int | None = None,
-                   top_k: int = 0, top_p: float = 1.0, images: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                   top_k: int = 0, top_p: float = 1.0, images: list | None = None,
+                   body=None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (M,) of `labels` (M,) and entropies (M,) or None: the one model-to-log-prob
     path of every trainer. `fwd` are the model's inputs (input_ids, attention_mask,
     position_ids); `select` maps the model's (..., X) output (hidden states or logits) to the
@@ -60,9 +61,14 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     images: a VLM's PromptImages in the order of their image slots in fwd (fwd then holds
     `image_slots`, the placeholders that take their features, and M-RoPE position_ids:
     vlm_forward.image_inputs): encoded inside the root forward, once per distinct prompt.
+    body: `body(backbone, **fwd)` -> the (M, H) hidden states that predict `labels`, in place of
+    `select(backbone(**fwd).last_hidden_state)` (models/shared_prompt.py: two backbone calls); the
+    fused path only.
     """
     backbone, head = _lm_parts(model)
     use_fused = fused and getattr(head, "bias", None) is None
+    if body is not None and not use_fused:
+        raise ValueError("token_logprobs: body= needs the fused head (model.fused_logprobs, an LM head without bias)")
     scale, softcap = logit_transform(unwrap_peft(model).config) if use_fused else (1.0, 0.0)
 
     def run(**fwd):
@@ -73,7 +79,7 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
         if use_fused:
             from reinforge.algos.fused_logprobs import bf16_head, fused_logprobs_from_hidden
 
-            h = select(backbone(**fwd, use_cache=False).last_hidden_state)  # (M, H)
+            h = body(backbone, **fwd) if body is not None else select(backbone(**fwd, use_cache=False).last_hidden_state)
             # Under bf16 autocast the head stays fp32 (h comes out bf16: cast it up), except for
             # large vocabularies (fused_logprobs.bf16_head: bf16 matmuls, fp32 softmax); with bf16
             # weights (model.dtype) h meets the head in bf16 and the chunks accumulate in fp32.
@@ -94,12 +100,14 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
 def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, response_len: int, *,
                       temperature: float = 1.0, with_entropy: bool = False, fused: bool = True,
                       chunk_size: int | None = None, top_k: int = 0,
-                      top_p: float = 1.0, vision: list | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
+                      top_p: float = 1.0, vision: list | None = None,
+                      share_prompt: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs of the last `response_len` tokens of `input_ids` under `model`.
 
     input_ids, attention_mask: (B, L). Returns log_probs (B, T) and entropy (B, T) or None
     (see `token_logprobs` for the fused and logits paths). vision: a VLM's B PromptImages or
-    None (module docstring).
+    None (module docstring). share_prompt: forward each distinct prompt once and the responses
+    on its key/value cache where that applies (models/shared_prompt.py; text rows, fused head).
     """
     B, T = input_ids.shape[0], response_len
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
@@ -110,9 +118,16 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         # A sampled image placeholder in a response is text, as the rollout fed it (its own
         # embedding, text positions): only the prompt's placeholders take image features.
         fwd["position_ids"], fwd["image_slots"], images = image_inputs(model, input_ids, attention_mask, vision)
+    body = None
+    if share_prompt and images is None and fused and getattr(_lm_parts(model)[1], "bias", None) is None:
+        from reinforge.models.shared_prompt import prompt_sharing_hidden
+
+        def body(backbone, **fwd):
+            return prompt_sharing_hidden(backbone, T, **fwd)
     logp, ent = token_logprobs(model, fwd, lambda x: x[:, -T - 1:-1].reshape(B * T, x.shape[-1]),
                                input_ids[:, -T:].reshape(-1), temperature=temperature, with_entropy=with_entropy,
-                               fused=fused, chunk_size=chunk_size, top_k=top_k, top_p=top_p, images=images)
+                               fused=fused, chunk_size=chunk_size, top_k=top_k, top_p=top_p, images=images,
+                               body=body)
     return logp.view(B, T), (ent.view(B, T) if ent is not None else None)
 
 

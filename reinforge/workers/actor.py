@@ -147,7 +147,8 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         self.model.train()
         minis = rl_mini_batches(batch, self.mini_batch_size, c.ppo_epochs, c.shuffle, self.gen, self.micro_batch_size,
                                 c.max_tokens_per_micro_batch, model_device(self.model),
-                                lambda mini: agg_denominators(_loss_mask(mini).float()))
+                                lambda mini: agg_denominators(_loss_mask(mini).float()),
+                                by_group=self.mcfg.share_prompt and not self.mcfg.use_packing)
         res = run_update(minis, self.loss_terms(), forward=lambda mb: self._forward(mb, temperature), optim=self.optim)
         self.sched.step()
         out = {k.removeprefix("actor/") if k.startswith("actor/rollout_corr/") else k: v
@@ -185,7 +186,8 @@ def micro_log_probs(model, mb: Batch, mcfg: ModelConfig, temperature: float, wit
         return fn(model, mb["input_ids"], mb["attention_mask"], mb["responses"].shape[1], temperature=temperature,
                   with_entropy=with_entropy, fused=mcfg.fused_logprobs, chunk_size=mcfg.logprob_chunk_size,
                   top_k=mb.meta.get("top_k", 0), top_p=mb.meta.get("top_p", 1.0),
-                  **({"vision": mb["vision"]} if "vision" in mb else {}))  # a VLM's image prompts
+                  **({"vision": mb["vision"]} if "vision" in mb else {}),  # a VLM's image prompts
+                  **({"share_prompt": True} if mcfg.share_prompt and not mcfg.use_packing else {}))
 
 
 def batch_log_probs(model, batch: Batch, mcfg: ModelConfig, micro_batch_size: int, max_tokens: int,

@@ -244,13 +244,18 @@ def mini_batches(batch: Batch, mini_batch_size: int, epochs: int, shuffle: bool,
 
 
 def rl_mini_batches(batch: Batch, mini_batch_size: int, epochs: int, shuffle: bool, generator: torch.Generator,
-                    micro_batch_size: int, max_tokens: int, device, denominators: Callable[[Batch], Any]
-                    ) -> Iterator[MiniBatch]:
+                    micro_batch_size: int, max_tokens: int, device, denominators: Callable[[Batch], Any],
+                    by_group: bool = False) -> Iterator[MiniBatch]:
     """The actor's and critic's mini-batches: shuffled with `generator`, this rank's rows of each
     (workers/dp.py) in micro-batches of `micro_batch_size` rows or `max_tokens` real tokens, each
     moved to `device` when it runs. `denominators(mini)` are the global mini-batch's; a micro-batch's
-    metric share is its part of the global mini-batch's response tokens."""
+    metric share is its part of the global mini-batch's response tokens. by_group: a mini-batch's
+    rows are ordered by `group_ids` (stable) before they are cut into micro-batches, so the rows of
+    one prompt share micro-batches (models/shared_prompt.py forwards each distinct prompt of a
+    micro-batch once); the sums over a mini-batch are the same rows in another order."""
     for mini in mini_batches(batch, mini_batch_size, epochs, shuffle, generator):
+        if by_group and "group_ids" in mini:
+            mini = mini.index(torch.sort(mini["group_ids"], stable=True).indices.tolist())
         tokens = max(float(mini["response_mask"].sum()), 1.0)
         mbs, _ = micro_batches(dp.shard(mini), micro_batch_size, max_tokens)
         yield MiniBatch(denominators(mini), _with_shares(mbs, device, tokens))
