@@ -89,6 +89,16 @@ def test_resolve_memory_by_size_and_budget(tmp_path):
     assert tighter.gradient_checkpointing and tighter.state_bytes + tighter.activation_bytes <= 8.9e9
     assert tighter.micro_batch_size > tight.micro_batch_size
     assert sd.resolve_memory(ckpt="false", micro=0, budget_gb=8.9, **big).gradient_checkpointing is False
+    # a CPU: on, unless the prompts' forwards are shared (n = 8, 64-token prompts, 24-token
+    # responses) and their activations fit: then off; too tight for those: on again
+    cpu = {**big, "device": "cpu"}
+    assert sd.resolve_memory(ckpt="auto", micro=0, budget_gb=100.0, **cpu).gradient_checkpointing
+    shared = sd.resolve_memory(ckpt="auto", micro=0, budget_gb=100.0, shared=(8, 64, 24), **cpu)
+    assert not shared.gradient_checkpointing and shared.micro_batch_size == 16
+    want = sd.activation_bytes(sd.model_shape(str(tmp_path)), 1, 2 * 64 + 16 * 24, checkpointing=False,
+                               matmul_bytes=2, resid_bytes=4)
+    assert shared.activation_bytes - sd.head_bytes(sd.model_shape(str(tmp_path)), 16 * 256, True) == want
+    assert sd.resolve_memory(ckpt="auto", micro=0, budget_gb=8.0, shared=(8, 64, 24), **cpu).gradient_checkpointing
     assert sd.resolve_memory(ckpt="true", micro=4, budget_gb=100.0, **big).micro_batch_size == 4
     assert "gradient checkpointing on" in tighter.line()
     # a CPU: auto checkpoints a large model whatever the budget (cheap there: docs/performance.md)
@@ -124,7 +134,10 @@ def test_plan_records_the_choices(tiny_model_dir, arith_data, tmp_path, monkeypa
     monkeypatch.setattr(sd, "LARGE_PARAMS", 1000)  # the tiny model counts as large: the budget decides
     big = plan(**{"model.memory_budget_gb": "1000", "actor.micro_batch_size": 0})
     assert big.actor_micro_batch_size == big.actor_mini_batch_size
-    assert big.gradient_checkpointing and big.cfg.model.gradient_checkpointing == "true"  # a CPU: on
+    # a CPU: off while each prompt's forward is shared (that path needs the cache), else on
+    assert not big.gradient_checkpointing and big.cfg.model.gradient_checkpointing == "false"
+    whole = plan(**{"model.memory_budget_gb": "1000", "actor.micro_batch_size": 0, "model.share_prompt": "false"})
+    assert whole.gradient_checkpointing and whole.cfg.model.gradient_checkpointing == "true"
     assert "budget 1000.00 GB" in big.record()["memory"]
     with pytest.raises(ConfigError, match="model.gradient_checkpointing='sometimes'"):
         plan(**{"model.gradient_checkpointing": "sometimes"})
@@ -225,3 +238,19 @@ def test_critic_gradient_does_not_depend_on_its_micro_batch(tiny_model_dir):
     ga, gb = record_steps(whole.opt, whole.params), record_steps(split.opt, split.params)
     whole.update(batch), split.update(batch)
     assert_same_steps(ga, gb)
+
+
+def test_full_attention_from_config(tmp_path):
+    """Which models can share a prompt's cache: no sliding window, no linear attention, no vision."""
+    cases = [({"model_type": "llama"}, True),
+             ({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False,
+               "layer_types": ["full_attention"] * 2}, True),
+             ({"model_type": "mistral", "sliding_window": 4096}, False),
+             ({"model_type": "gemma3_text", "layer_types": ["sliding_attention", "full_attention"]}, False),
+             ({"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}, False),
+             ({"model_type": "qwen2_vl", "vision_config": {}}, False)]
+    for i, (config, want) in enumerate(cases):
+        (tmp_path / str(i)).mkdir()
+        (tmp_path / str(i) / "config.json").write_text(json.dumps(config))
+        assert sd.full_attention(str(tmp_path / str(i))) is want, config
+    assert sd.full_attention(str(tmp_path / "missing")) is False

@@ -23,7 +23,9 @@ class ModelConfig:
     """auto, true or false: recompute each decoder layer's activations in the backward (the
     model's own activation checkpointing, use_reentrant=False), which saves most activation memory
     for a second forward. auto, for models of >= 100M parameters (below: off): on a CPU, on (at
-    the 0.5B shape 1.1-1.2 GB less peak for 0-5% of a step); on a GPU (where the second forward
+    the 0.5B shape 1.1-1.2 GB less peak for 0-5% of a step), except off where model.share_prompt
+    applies (rollout.n > 1, a full-attention model, no packing) and its activations fit the budget
+    (the shared forward needs the cache, which checkpointing switches off); on a GPU (where the second forward
     is estimated at ~30% of an update), only when the training state plus one row's activations
     would not fit model.memory_budget_gb otherwise (models/shape_defaults.py); the plan records
     the choice."""

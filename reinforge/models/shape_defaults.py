@@ -108,6 +108,28 @@ def model_shape(model_path: str) -> dict | None:
         return None
 
 
+def full_attention(model_path: str) -> bool:
+    """Whether every decoder layer of the model in config.json attends to all earlier tokens (no
+    sliding window, no linear attention): the models whose key/value cache models/shared_prompt.py
+    can share. False when unreadable, and for vision-language models (their image prompts run
+    whole rows)."""
+    try:
+        c = json.loads((Path(model_path) / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if "vision_config" in c:
+        return False
+    types = c.get("layer_types") or []
+    sliding = c.get("sliding_window") and c.get("use_sliding_window", True)
+    return all(t == "full_attention" for t in types) and not (sliding and not types)
+
+
+def shared_tokens(rows: int, n: int, prompt: int, response: int) -> int:
+    """Tokens through the decoder for `rows` rows of n samples per prompt when each prompt runs
+    once (models/shared_prompt.py): ceil(rows / n) prompts plus every response."""
+    return -(-rows // max(n, 1)) * prompt + rows * response
+
+
 def activation_bytes(shape: dict, rows: int, seq: int, *, checkpointing: bool, matmul_bytes: int,
                      resid_bytes: int, eager_attention: bool = False) -> int:
     """Bytes autograd keeps for the backward of `rows` sequences of `seq` tokens through a
@@ -203,7 +225,7 @@ def checkpointing_choice(value) -> str | None:
 def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: str, device: str, budget_gb: float,
                    weights_bytes: int, bf16_autocast: bool, trained_fraction: float = 1.0, reference: bool = False,
                    fused: bool = True, eager_attention: bool = False, value_head: bool = False,
-                   resident_bytes: int = 0) -> MemoryPlan:
+                   resident_bytes: int = 0, shared: tuple[int, int, int] | None = None) -> MemoryPlan:
     """model.gradient_checkpointing and actor.micro_batch_size (0: auto) resolved against the
     memory budget from the model's config.json; rows per micro-batch divide `mini`.
     The critic's micro-batch is resolved the same way (`value_head`: no LM head buffers), with
@@ -218,7 +240,12 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
     Qwen2.5-0.5B shape it took 1.1-1.2 GB off the step's peak (the heap glibc keeps at the size
     of the activations) for 0-5% of a step, with and without AMX (docs/performance.md, "Packing
     from the training weights"); on a GPU, where the second forward is estimated at ~30% of an
-    update, only when even one row would not fit without it."""
+    update, only when even one row would not fit without it. `shared` = (n, prompt, response
+    lengths) when the actor's forwards share each prompt's cache (model.share_prompt on a
+    full-attention model, no packing): that path needs checkpointing off, and its activations
+    are those of shared_tokens, not rows x seq; auto checkpointing on a CPU is then off where
+    that fits the budget (at the chain_sum demo's shape it took a step from 26.5 to 10.7 CPU-s,
+    docs/performance.md)."""
     n, shape = config_params(model_path), model_shape(model_path)
     budget = memory_budget(budget_gb, device)
     state = int(n * weights_bytes * (1 + 3 * trained_fraction) + (n * weights_bytes if reference else 0)) \
@@ -229,7 +256,8 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
     def act(rows: int, on: bool) -> int:
         if shape is None:
             return 0
-        return (activation_bytes(shape, rows, seq, checkpointing=on, matmul_bytes=matmul, resid_bytes=weights_bytes,
+        r, q = (1, shared_tokens(rows, *shared)) if shared and not on else (rows, seq)
+        return (activation_bytes(shape, r, q, checkpointing=on, matmul_bytes=matmul, resid_bytes=weights_bytes,
                                  eager_attention=eager_attention) + head_bytes(shape, rows * seq, fused, value_head))
 
     if shape is None or not large(n):
@@ -242,7 +270,7 @@ def resolve_memory(*, ckpt: str, micro: int, mini: int, seq: int, model_path: st
     if choice != "auto":
         options = [choice == "true"]
     else:
-        options = [True] if _cpu(device) else [False, True]
+        options = [True] if _cpu(device) and not shared else [False, True]
     if micro:
         on = next((o for o in options if fits(micro, o)), options[-1])
         return MemoryPlan(on, micro, state, act(micro, on), budget)

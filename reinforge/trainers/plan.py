@@ -183,15 +183,17 @@ def _weights_bytes(dtype: str, device: str) -> int:
 def resolve_actor_memory(cfg: RLConfig, device: str, mini: int, micro: int, reference: bool):
     """(cfg with model.gradient_checkpointing "true" / "false" and actor.micro_batch_size set,
     shape_defaults.MemoryPlan): both chosen against model.memory_budget_gb from config.json."""
-    from reinforge.models.shape_defaults import resolve_memory
+    from reinforge.models.shape_defaults import full_attention, resolve_memory
 
-    m = cfg.model
+    m, r = cfg.model, cfg.rollout
+    share = m.share_prompt and not m.use_packing and r.n > 1 and full_attention(m.path)
     mem = resolve_memory(ckpt=m.gradient_checkpointing, micro=micro, mini=mini,
                          seq=cfg.data.max_prompt_length + cfg.rollout.max_response_length, model_path=m.path,
                          device=device, budget_gb=m.memory_budget_gb, weights_bytes=_weights_bytes(m.dtype, device),
                          bf16_autocast=m.autocast == "bf16", trained_fraction=0.0 if m.lora_rank > 0 else 1.0,
                          reference=reference and m.lora_rank == 0, fused=m.fused_logprobs,
-                         eager_attention=m.attn_implementation == "eager")
+                         eager_attention=m.attn_implementation == "eager",
+                         shared=(r.n, cfg.data.max_prompt_length, r.max_response_length) if share else None)
     cfg = replace(cfg, model=replace(m, gradient_checkpointing="true" if mem.gradient_checkpointing else "false"),
                   actor=replace(cfg.actor, micro_batch_size=mem.micro_batch_size))
     return cfg, mem
