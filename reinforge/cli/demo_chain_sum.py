@@ -3,9 +3,10 @@ SmolLM2-135M-Instruct, post-trained on a reasoning-gym task on a 2-core CPU (iss
 
     1. model  smollm2-135m-instruct from the pretrained registry (models/pretrained.py: fetched
               and converted once, then cached under $REINFORGE_CACHE)
-    2. data   reasoning-gym's chain_sum (TASK: sums and differences of 1-digit numbers) as veRL
-              rows (data/reasoning_gym.py): RL prompts, SFT pairs (the task's own answers) and
-              held-out test prompts (test questions that also occur in the training rows dropped)
+    2. data   reasoning-gym's chain_sum (TASK: sums and differences of 2 or 3 one-digit numbers)
+              as veRL rows (data/reasoning_gym.py): held-out test prompts drawn first (the task's
+              own mix of 2- and 3-term questions), then RL prompts and SFT pairs (the task's own
+              answers) that ask no test question
     3. base   the pretrained model on the held-out prompts: greedy, sampled mean@n and pass@k
     4. sft    a short SFT warm start on the task's answers (presets/demo_chain_sum_sft.yaml)
     5. grpo   GRPO from the SFT policy with the task's own scorer as the reward
@@ -27,10 +28,11 @@ from pathlib import Path
 from reinforge.cli.demo import stage_seeds, trainer_seeds, val_metrics
 
 MODEL = "smollm2-135m-instruct"
-# The task: 3 terms of 1 digit each ("State the final answer to the following arithmetic problem:
-# 4 - 7 + 2 ="). A short system message asks for the number alone (the chat template would add its
-# own, longer default system turn otherwise) and no instruction is appended to the question.
-TASK = {"task": "chain_sum", "options": {"min_terms": 3, "max_terms": 3, "min_digits": 1, "max_digits": 1},
+# The task: 2 or 3 terms of 1 digit each ("State the final answer to the following arithmetic
+# problem: 4 - 7 + 2 ="), on which the base is ~0.2-0.3 greedy. A short system message asks for
+# the number alone (the chat template would add its own, longer default system turn otherwise) and
+# no instruction is appended to the question.
+TASK = {"task": "chain_sum", "options": {"min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 1},
         "system": "Answer with only the number.", "instruction": "", "n_train": 2000, "n_test": 380, "n_eval": 200}
 QUICK_TASK = {"n_train": 64, "n_test": 40, "n_eval": 8}
 # reasoning-gym draws entry i from seed + i, so --seed K and K + 1 would share all but one row;
