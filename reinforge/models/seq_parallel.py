@@ -54,14 +54,6 @@ _ACTIVE: dict | None = None
 """While an SP forward runs: {"group": SPGroup, "mask": (b, 1, Lp, Lp) bool or None (causal)}."""
 
 
-def heads_rule(num_heads: int, num_kv_heads: int, k: int) -> str | None:
-    """The refusal, or None when a model with these heads can be split over k ranks."""
-    if num_heads % k or num_kv_heads % k:
-        return (f"trainer.sequence_parallel={k} must divide the attention heads ({num_heads}) and the key/value "
-                f"heads ({num_kv_heads}): Ulysses gives each rank heads / k of them")
-    return None
-
-
 def init_groups(k: int) -> SPGroup | None:
     """Collective (every rank, once): split the world into groups of k consecutive ranks and keep
     this rank's. k = 1: nothing (returns None)."""
@@ -97,6 +89,7 @@ def attach(model) -> None:
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+    from reinforge.config.validate import sequence_parallel_heads_rule
     from reinforge.models.forward import unwrap_peft
 
     AttentionInterface.register(ATTN_NAME, attention)
@@ -104,7 +97,7 @@ def attach(model) -> None:
     inner = unwrap_peft(model)
     cfg = getattr(inner.config, "text_config", None) or inner.config
     heads = cfg.num_attention_heads
-    rule = heads_rule(heads, getattr(cfg, "num_key_value_heads", None) or heads, _GROUP.size)
+    rule = sequence_parallel_heads_rule(heads, getattr(cfg, "num_key_value_heads", None) or heads, _GROUP.size)
     if rule:
         raise ValueError(rule)
     if getattr(inner.config, "_attn_implementation", "sdpa") != "sdpa":
