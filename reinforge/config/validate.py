@@ -295,6 +295,9 @@ def check_sequence_parallel(cfg: RLConfig) -> None:
         data = json.loads(file.read_text(encoding="utf-8")) if file.exists() else {}
         need("vision_config" not in data, f"trainer.sequence_parallel={k} takes text models; {key}={path!r} "
                                           f"is a vision-language model")
+        need(not data.get("use_sliding_window") and "sliding_attention" not in (data.get("layer_types") or []),
+             f"trainer.sequence_parallel={k} builds each row's full causal mask: {key}={path!r} uses "
+             f"sliding-window attention")
         heads = data.get("num_attention_heads")
         if heads:
             rule = sequence_parallel_heads_rule(heads, data.get("num_key_value_heads") or heads, k)

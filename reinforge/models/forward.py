@@ -57,6 +57,9 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     The fused path applies the model's own logit soft-cap / scale (checks.logit_transform), which
     the model's forward applies to its logits.
     Both run as a root forward (`as_root_forward`), so FSDP gathers the head for them.
+    Under sequence parallelism (models/seq_parallel.py) the model runs on this rank's slice of
+    the rows and the head on the selected rows that slice holds; the (M,) results are every
+    rank's, gathered in order.
     top_k / top_p: the rollout's sampling filter (algos.logprobs.sampling_filter_; 0 / 1: none).
     images: a VLM's PromptImages in the order of their image slots in fwd (fwd then holds
     `image_slots`, the placeholders that take their features, and M-RoPE position_ids:

@@ -13,8 +13,10 @@ the slice unchanged; attention is the one place a token needs the others:
 
 (DeepSpeed-Ulysses, veRL's `ulysses_sequence_parallel_size`). Position ids are the row's global
 ones, sliced, so RoPE is exact. The attention function is registered in transformers' attention
-interface under ATTN_NAME and wraps sdpa; outside an SP forward (`_ACTIVE` unset: a rank's
-generation copy, a local run) it is plain sdpa with the model's own mask.
+interface under ATTN_NAME and wraps sdpa. The group and the row's mask reach it as a keyword of
+the model's forward (`reinforge_sp`), which transformers hands down to every attention call, so
+activation checkpointing's recompute in the backward gets them too; without it (a rank's
+generation copy) it is plain sdpa with the model's own mask.
 
 The rows that feed the log-probs / values are spread over the group: each rank computes its own
 (`Route`), and `Route.gather` all-gathers them into the whole (M,) vector in the order the
@@ -28,7 +30,6 @@ Requires heads and key/value heads divisible by k (checked by the config and aga
 """
 from __future__ import annotations
 
-import contextlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -50,8 +51,15 @@ class SPGroup:
 
 _GROUP: SPGroup | None = None
 """The process's group, set once by `init_groups` (a rank of a Ray run); None: no SP."""
-_ACTIVE: dict | None = None
-"""While an SP forward runs: {"group": SPGroup, "mask": (b, 1, Lp, Lp) bool or None (causal)}."""
+
+
+@dataclass(frozen=True)
+class SPCall:
+    """What one SP forward's attention calls need (the `reinforge_sp` keyword of the forward)."""
+
+    group: SPGroup
+    mask: torch.Tensor | None
+    """(b, 1, Lp, Lp) bool, the whole row's (`full_mask`), or None: causal."""
 
 
 def init_groups(k: int) -> SPGroup | None:
@@ -100,6 +108,9 @@ def attach(model) -> None:
     rule = sequence_parallel_heads_rule(heads, getattr(cfg, "num_key_value_heads", None) or heads, _GROUP.size)
     if rule:
         raise ValueError(rule)
+    if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
+        raise ValueError("trainer.sequence_parallel builds the whole row's causal mask: sliding-window attention "
+                         "is not supported")
     if getattr(inner.config, "_attn_implementation", "sdpa") != "sdpa":
         raise ValueError(f"trainer.sequence_parallel wraps sdpa; got model.attn_implementation="
                          f"{inner.config._attn_implementation}")
@@ -133,9 +144,10 @@ def attention(module, query, key, value, attention_mask, **kwargs):
     None). In an SP forward: all-to-all to (b, H/k, Lp, D), sdpa with the row's full mask, back."""
     from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-    if _ACTIVE is None:
+    sp = kwargs.pop("reinforge_sp", None)
+    if sp is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, **kwargs)
-    g, mask = _ACTIVE["group"], _ACTIVE["mask"]
+    g, mask = sp.group, sp.mask
     q, k, v = (_AllToAll.apply(t.contiguous(), 1, 2, g) for t in (query, key, value))
     out, _ = sdpa_attention_forward(module, q, k, v, mask, **kwargs)  # (b, Lp, H/k, D)
     return _AllToAll.apply(out.contiguous(), 1, 2, g), None
@@ -236,16 +248,6 @@ def split_inputs(fwd: dict, g: SPGroup) -> tuple[dict, torch.Tensor | None, int]
     return local, full, lc
 
 
-@contextlib.contextmanager
-def _sp_forward(g: SPGroup, mask):
-    global _ACTIVE
-    prev, _ACTIVE = _ACTIVE, {"group": g, "mask": mask}
-    try:
-        yield
-    finally:
-        _ACTIVE = prev
-
-
 def model_rows(call: Callable, fwd: dict, select: Callable) -> tuple[torch.Tensor, Route]:
     """`call(**local_fwd)` -> this rank's (b, Lc, X) output on its slice, under the Ulysses
     attention -> (its rows of `select` (m_r, X), their Route). fwd: the model's whole-row inputs
@@ -256,6 +258,5 @@ def model_rows(call: Callable, fwd: dict, select: Callable) -> tuple[torch.Tenso
     b, n = fwd["input_ids"].shape
     local, mask, lc = split_inputs(fwd, g)
     r = route(select, b, n, lc, g, fwd["input_ids"].device)
-    with _sp_forward(g, mask):
-        out = call(**local)
+    out = call(**local, reinforge_sp=SPCall(g, mask))
     return r.take(out), r

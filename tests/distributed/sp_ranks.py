@@ -16,10 +16,11 @@ import sys
 import torch
 
 CASES = {
-    # name: (model.use_packing, model.fused_logprobs, actor.loss_agg_mode, token budget)
-    "padded_fused": (False, True, "token-mean", 0),
-    "padded_logits": (False, False, "seq-mean-token-mean", 0),
-    "packed_fused": (True, True, "seq-mean-token-sum", 40),
+    # name: (model.use_packing, model.fused_logprobs, actor.loss_agg_mode, token budget, activation checkpointing)
+    "padded_fused": (False, True, "token-mean", 0, False),
+    "padded_logits": (False, False, "seq-mean-token-mean", 0, False),
+    "packed_fused": (True, True, "seq-mean-token-sum", 40, False),
+    "packed_checkpointed": (True, True, "token-mean", 40, True),  # the backward's recompute runs the all-to-alls
 }
 P, T, B = 8, 7, 8
 
@@ -37,11 +38,11 @@ def workers(model_dir: str, case: str, shard=None):
     from reinforge.workers.actor import ActorWorker
     from reinforge.workers.critic import CriticWorker
 
-    packing, fused, agg, budget = CASES[case]
+    packing, fused, agg, budget, ckpt = CASES[case]
     shard = shard or (lambda m: m)
-    actor_model = shard(load_causal_lm(model_dir, dtype="float32"))
+    actor_model = shard(load_causal_lm(model_dir, dtype="float32", gradient_checkpointing=ckpt))
     torch.manual_seed(0)  # the critic's value head: the same initialisation in every process
-    critic_model = shard(load_critic(model_dir, dtype="float32"))
+    critic_model = shard(load_critic(model_dir, dtype="float32", gradient_checkpointing=ckpt))
     # No clipping: the recorded gradients keep their scale (tests/grad_check.py).
     acfg = ActorConfig(lr=1e-3, micro_batch_size=2, max_tokens_per_micro_batch=budget, entropy_coeff=0.01,
                        grad_clip=0, loss_agg_mode=agg, use_kl_loss=False)
