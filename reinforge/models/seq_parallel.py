@@ -80,10 +80,6 @@ def init_groups(k: int) -> SPGroup | None:
     return _GROUP
 
 
-def group() -> SPGroup | None:
-    return _GROUP
-
-
 def size() -> int:
     """k of this process (1: no sequence parallelism)."""
     return _GROUP.size if _GROUP is not None else 1
@@ -111,7 +107,7 @@ def attach(model) -> None:
     if getattr(cfg, "use_sliding_window", False) or "sliding_attention" in (getattr(cfg, "layer_types", None) or []):
         raise ValueError("trainer.sequence_parallel builds the whole row's causal mask: sliding-window attention "
                          "is not supported")
-    if getattr(inner.config, "_attn_implementation", "sdpa") != "sdpa":
+    if getattr(inner.config, "_attn_implementation", "sdpa") not in ("sdpa", ATTN_NAME):
         raise ValueError(f"trainer.sequence_parallel wraps sdpa; got model.attn_implementation="
                          f"{inner.config._attn_implementation}")
     inner.set_attn_implementation(ATTN_NAME)
