@@ -159,8 +159,8 @@ class _FusedLogProb(torch.autograd.Function):
             if grad_w is not None:  # the `md` sum, added up into the fp32 gradient (0 + x is x on a fresh one)
                 into.add_(grad_w)
             grad_w = None  # already in weight.grad: autograd gets nothing to add
-        elif need_w:
-            grad_w = grad_w.to(weight.dtype)
+        elif need_w:  # no rows (a sequence-parallel rank whose slice predicts no label): a zero gradient
+            grad_w = grad_w.to(weight.dtype) if grad_w is not None else torch.zeros_like(weight)
         return grad_h, grad_w, None, None, None, None, None, None, None, None, None
 
 

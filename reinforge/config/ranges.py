@@ -53,7 +53,7 @@ RANGES: dict[str, dict[str, str]] = {
     "LengthPenaltyConfig": dict(coef=NONNEG, free_tokens=COUNT),
     "FormatConfig": dict(score=NONNEG, penalty=NONNEG),
     "JudgeConfig": dict(max_new_tokens=SIZE, score_scale=POS, batch_size=SIZE, max_length=COUNT),
-    "TrainerConfig": dict(total_steps=SIZE, nnodes=SIZE, devices_per_node=SIZE, pass_k="each [1, inf)",
+    "TrainerConfig": dict(total_steps=SIZE, nnodes=SIZE, devices_per_node=SIZE, sequence_parallel=SIZE, pass_k="each [1, inf)",
                           log_samples_every=COUNT, rollout_workers=SIZE, weight_sync_timeout_s=POS),
     "TeacherConfig": dict(coef=NONNEG, beta=UNIT, task_reward_weight=NONNEG),
     # reinforge/config/sft.py

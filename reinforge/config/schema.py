@@ -429,6 +429,9 @@ class TrainerConfig(RunConfig):
     """Ray: nodes."""
     devices_per_node: int = 1
     """Ray: data-parallel workers per node."""
+    sequence_parallel: int = 1
+    """Ray: split every row along its length over groups of this many ranks (Ulysses attention,
+    docs/distributed.md "Long sequences"); must divide nnodes * devices_per_node. 1: off."""
     rollout_workers: int = 1
     """Ray with rollout.staleness > 0: rollout-worker actors generating apart from the trainer
     ranks, each with its own engine, fed versioned weight publications (docs/distributed.md)."""

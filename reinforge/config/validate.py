@@ -253,10 +253,55 @@ def validate(cfg: RLConfig) -> RLConfig:
         if crit.model_path:
             check_model_path(crit.model_path, "critic.model_path")
     check_teacher(cfg)
+    check_sequence_parallel(cfg)
     functions = normalize_reward_functions(cfg.reward.functions, "reward.functions")
     need(bool(functions) or cfg.reward.reward_model_path or (r.max_turns > 1 and r.env) or r.agent,
          "reward.functions is empty and reward.reward_model_path is not set: nothing scores the responses")
     return cfg
+
+
+def sequence_parallel_heads_rule(num_heads: int, num_kv_heads: int, k: int) -> str | None:
+    """The refusal of a model whose heads do not split over k sequence-parallel ranks, or None."""
+    if num_heads % k or num_kv_heads % k:
+        return (f"trainer.sequence_parallel={k} must divide the attention heads ({num_heads}) and the key/value "
+                f"heads ({num_kv_heads}): the Ulysses all-to-all gives each rank heads / k of both")
+    return None
+
+
+def check_sequence_parallel(cfg: RLConfig) -> None:
+    """trainer.sequence_parallel=k (models/seq_parallel.py): a Ray run whose ranks split into groups
+    of k, sdpa attention, text models whose heads (and key/value heads) k divides, and no pass
+    that runs its own forward outside the split (the optimal token baseline's sum pi^2)."""
+    from reinforge.algos.advantages import NEEDS_TOKEN_STATS
+
+    k, t = cfg.trainer.sequence_parallel, cfg.trainer
+    if k == 1:
+        return
+    world = t.nnodes * t.devices_per_node
+    need(t.backend == "ray", f"trainer.sequence_parallel={k} splits rows over Ray ranks: set trainer.backend=ray "
+                             f"(got {t.backend!r})")
+    need(world % k == 0, f"trainer.sequence_parallel={k} must divide the data-parallel world size "
+                         f"trainer.nnodes * trainer.devices_per_node = {world}")
+    need(cfg.model.attn_implementation == "sdpa",
+         f"trainer.sequence_parallel={k} wraps sdpa attention: set model.attn_implementation=sdpa")
+    need(cfg.algorithm.adv_estimator not in NEEDS_TOKEN_STATS,
+         f"trainer.sequence_parallel={k} does not compute sum pi^2 (algorithm.adv_estimator="
+         f"{cfg.algorithm.adv_estimator!r})")
+    paths = [("model.path", cfg.model.path)]
+    if critic_enabled(cfg) and cfg.critic.model_path:
+        paths.append(("critic.model_path", cfg.critic.model_path))
+    for key, path in paths:
+        file = Path(path) / "config.json"
+        data = json.loads(file.read_text(encoding="utf-8")) if file.exists() else {}
+        need("vision_config" not in data, f"trainer.sequence_parallel={k} takes text models; {key}={path!r} "
+                                          f"is a vision-language model")
+        need(not data.get("use_sliding_window") and "sliding_attention" not in (data.get("layer_types") or []),
+             f"trainer.sequence_parallel={k} builds each row's full causal mask: {key}={path!r} uses "
+             f"sliding-window attention")
+        heads = data.get("num_attention_heads")
+        if heads:
+            rule = sequence_parallel_heads_rule(heads, data.get("num_key_value_heads") or heads, k)
+            need(rule is None, f"{key}={path!r}: {rule}")
 
 
 def critic_enabled(cfg: RLConfig) -> bool:

@@ -35,13 +35,16 @@ def shard_model(model: nn.Module) -> nn.Module:
     forward method: fn runs between the root's pre- and post-forward hooks, so the root's own
     parameters (embeddings, final norm, LM head) are gathered for it and its outputs get the
     backward hooks, exactly as for `model(...)`. The fused log-prob path reads the LM head's
-    weight directly and runs through it (`models.forward.as_root_forward`).
+    weight directly and runs through it (`models.forward.as_root_forward`). In a sequence-parallel
+    group (models/seq_parallel.py) the model's attention becomes the Ulysses one.
     """
     from torch.distributed.fsdp import fully_shard, register_fsdp_forward_method
 
+    from reinforge.models import seq_parallel
     from reinforge.models.tied_lookup import untie_lookup
 
     untie_lookup(model)  # FSDP reduces the gradients autograd gives it: the lookup's must be one of them
+    seq_parallel.attach(model)  # the Ulysses attention, when the rank is in a sequence-parallel group
     for layer in decoder_layers(model):
         fully_shard(layer)
     fully_shard(model)

@@ -28,14 +28,17 @@ class RayWorkerGroup:
         from reinforge.config.load import ConfigError
 
         self.world = world_size(plan.cfg)
+        self.sp = plan.cfg.trainer.sequence_parallel  # ranks per sequence-parallel group (same rows)
+        self.dp = self.world // self.sp  # data-parallel groups: distinct rows
         batch = plan.batch_size
         sizes = {"data.train_batch_size * rollout.n": batch, "actor mini-batch": plan.actor_mini_batch_size}
         if plan.critic_enabled:
             sizes["critic mini-batch"] = plan.critic_mini_batch_size
         for name, n in sizes.items():
-            if n % self.world:
-                raise ConfigError(f"trainer.backend=ray with {self.world} ranks (nnodes * devices_per_node): "
-                                  f"the {name} of {n} sequences must be divisible by {self.world}")
+            if n % self.dp:
+                raise ConfigError(f"trainer.backend=ray with {self.dp} data-parallel groups (nnodes * devices_per_node"
+                                  f" / trainer.sequence_parallel): the {name} of {n} sequences must be divisible "
+                                  f"by {self.dp}")
         if not ray.is_initialized():
             ray.init()  # joins a running cluster (ray start --head / --address) or starts a local one
         gpu = str(plan.device).startswith("cuda")
@@ -88,18 +91,27 @@ class RayWorkerGroup:
             f"stops. Resume from the last checkpoint with `reinforge train ... --resume`.") from error
 
     def run_split(self, role: str, method: str, batch, **kwargs):
-        """Data-parallel inference: each rank gets an equal number of rows with about equal
-        tokens; the per-row results come back in the batch's order."""
+        """Data-parallel inference: each data-parallel group gets an equal number of rows with
+        about equal tokens (every rank of a sequence-parallel group the same rows: each computes
+        a slice of their positions, and each returns the whole rows' results: the first rank's
+        are kept); the per-row results come back in the batch's order."""
         from reinforge.models.packing import equal_count_partition, restore_order
         from reinforge.protocol import Batch
 
-        if len(batch) % self.world:
-            raise ValueError(f"a batch of {len(batch)} sequences does not split over {self.world} ranks")
-        parts = equal_count_partition(batch["attention_mask"].sum(-1).tolist(), self.world)
-        outs = self.get([w.run.remote(role, method, batch.index(p), kwargs) for w, p in zip(self.ranks, parts)])
+        if len(batch) % self.dp:
+            raise ValueError(f"a batch of {len(batch)} sequences does not split over {self.dp} data-parallel groups")
+        parts = equal_count_partition(batch["attention_mask"].sum(-1).tolist(), self.dp)
+        refs = [[self.ranks[d * self.sp + j].run.remote(role, method, batch.index(p), kwargs) for j in range(self.sp)]
+                for d, p in enumerate(parts)]
+        outs = [group[0] for group in self._get_groups(refs)]
         order = [i for p in parts for i in p]
         out = Batch.concat(outs)
         return Batch({k: restore_order(v, order) for k, v in out.tensors.items()}, meta=out.meta)
+
+    def _get_groups(self, refs: list[list]) -> list[list]:
+        """`get` of every rank's call, grouped as `refs` is."""
+        flat = self.get([r for group in refs for r in group])
+        return [flat[i * self.sp:(i + 1) * self.sp] for i in range(len(refs))]
 
     def generate(self, prompts, kwargs: dict, seed: int | None, version: int):
         """Each rank generates a contiguous share of the prompts (all n samples of a prompt on one

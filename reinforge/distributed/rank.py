@@ -17,6 +17,7 @@ import torch
 import torch.distributed as dist
 
 from reinforge.distributed import fsdp, weights
+from reinforge.models import seq_parallel
 from reinforge.seeding import seed_everything
 
 
@@ -58,6 +59,7 @@ class RankProcess:
         # (metric sums, "every rank finite", micro-batch counts).
         dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo", init_method=f"tcp://{addr}:{port}", rank=self.rank,
                                 world_size=self.world, timeout=timedelta(minutes=30))
+        seq_parallel.init_groups(plan.cfg.trainer.sequence_parallel)  # before the models: shard_model attaches it
         plan = replace(plan, device="cuda" if cuda else "cpu")  # this rank's own plan
         seed_everything(plan.cfg.trainer.seed)  # the same on every rank: identical value-head init, shuffles
         w = builder(plan, shard=fsdp.shard_model)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import torch
 
 from reinforge.algos.logprobs import logprobs_and_entropy_from_logits, logprobs_from_logits
+from reinforge.models import seq_parallel
 from reinforge.models.checks import logit_transform
 
 
@@ -57,6 +58,9 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     The fused path applies the model's own logit soft-cap / scale (checks.logit_transform), which
     the model's forward applies to its logits.
     Both run as a root forward (`as_root_forward`), so FSDP gathers the head for them.
+    Under sequence parallelism (models/seq_parallel.py) the model runs on this rank's slice of
+    the rows and the head on the selected rows that slice holds; the (M,) results are every
+    rank's, gathered in order.
     top_k / top_p: the rollout's sampling filter (algos.logprobs.sampling_filter_; 0 / 1: none).
     images: a VLM's PromptImages in the order of their image slots in fwd (fwd then holds
     `image_slots`, the placeholders that take their features, and M-RoPE position_ids:
@@ -70,6 +74,26 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
     if body is not None and not use_fused:
         raise ValueError("token_logprobs: body= needs the fused head (model.fused_logprobs, an LM head without bias)")
     scale, softcap = logit_transform(unwrap_peft(model).config) if use_fused else (1.0, 0.0)
+    if images and seq_parallel.size() > 1:
+        raise ValueError("trainer.sequence_parallel > 1 does not take image prompts")
+
+    def head_logprobs(rows: torch.Tensor, labels: torch.Tensor):
+        """(M, H) hidden states (fused) or (M, V) logits -> log-probs (M,), entropies (M,) or None."""
+        if use_fused:
+            from reinforge.algos.fused_logprobs import bf16_head, fused_logprobs_from_hidden
+
+            # Under bf16 autocast the head stays fp32 (h comes out bf16: cast it up), except for
+            # large vocabularies (fused_logprobs.bf16_head: bf16 matmuls, fp32 softmax); with bf16
+            # weights (model.dtype) h meets the head in bf16 and the chunks accumulate in fp32.
+            md = torch.bfloat16 if bf16_head(head.weight.shape[0], head.weight.dtype, rows.device.type) else None
+            with torch.autocast(rows.device.type, enabled=False):
+                return fused_logprobs_from_hidden(rows.to(head.weight.dtype), head.weight, labels,
+                                                  temperature=temperature, chunk_size=chunk_size,
+                                                  return_entropy=with_entropy, top_k=top_k, top_p=top_p,
+                                                  logit_scale=scale, logit_softcap=softcap, matmul_dtype=md)
+        if with_entropy:  # one custom backward for both: one (M, V) gradient, not two
+            return logprobs_and_entropy_from_logits(rows, labels, temperature, chunk_size or None, top_k, top_p)
+        return logprobs_from_logits(rows, labels, temperature, chunk_size or None, top_k, top_p), None
 
     def run(**fwd):
         if images:  # features placed at fwd's image_slots only (vlm_forward.image_inputs)
@@ -77,22 +101,17 @@ def token_logprobs(model, fwd: dict, select, labels: torch.Tensor, *, temperatur
 
             fwd = image_embeds(model, fwd, images)
         if use_fused:
-            from reinforge.algos.fused_logprobs import bf16_head, fused_logprobs_from_hidden
-
-            h = body(backbone, **fwd) if body is not None else select(backbone(**fwd, use_cache=False).last_hidden_state)
-            # Under bf16 autocast the head stays fp32 (h comes out bf16: cast it up), except for
-            # large vocabularies (fused_logprobs.bf16_head: bf16 matmuls, fp32 softmax); with bf16
-            # weights (model.dtype) h meets the head in bf16 and the chunks accumulate in fp32.
-            md = torch.bfloat16 if bf16_head(head.weight.shape[0], head.weight.dtype, h.device.type) else None
-            with torch.autocast(h.device.type, enabled=False):
-                return fused_logprobs_from_hidden(h.to(head.weight.dtype), head.weight, labels, temperature=temperature,
-                                                  chunk_size=chunk_size, return_entropy=with_entropy,
-                                                  top_k=top_k, top_p=top_p, logit_scale=scale, logit_softcap=softcap,
-                                                  matmul_dtype=md)
-        logits = select(model(**fwd, use_cache=False).logits)  # (M, V)
-        if with_entropy:  # one custom backward for both: one (M, V) gradient, not two
-            return logprobs_and_entropy_from_logits(logits, labels, temperature, chunk_size or None, top_k, top_p)
-        return logprobs_from_logits(logits, labels, temperature, chunk_size or None, top_k, top_p), None
+            call = lambda **f: backbone(**f, use_cache=False).last_hidden_state  # noqa: E731  (b, L, H)
+        else:
+            call = lambda **f: model(**f, use_cache=False).logits  # noqa: E731  (b, L, V)
+        if body is not None:  # shared prompts (not under sequence parallelism: response_logprobs)
+            return head_logprobs(body(backbone, **fwd), labels)
+        if seq_parallel.size() == 1:
+            return head_logprobs(select(call(**fwd)), labels)
+        # Sequence parallelism: this rank's rows of its slice, then every rank's, in order
+        rows, route = seq_parallel.model_rows(call, fwd, select)  # (m_r, H or V)
+        logp, ent = head_logprobs(rows, labels[route.positions[route.g.rank]])
+        return route.gather(logp), (route.gather(ent) if ent is not None else None)
 
     return as_root_forward(model, run, **fwd)
 
@@ -119,7 +138,8 @@ def response_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tens
         # embedding, text positions): only the prompt's placeholders take image features.
         fwd["position_ids"], fwd["image_slots"], images = image_inputs(model, input_ids, attention_mask, vision)
     body = None
-    if share_prompt and images is None and fused and getattr(_lm_parts(model)[1], "bias", None) is None:
+    if (share_prompt and images is None and fused and getattr(_lm_parts(model)[1], "bias", None) is None
+            and seq_parallel.size() == 1):
         from reinforge.models.shared_prompt import prompt_sharing_hidden
 
         def body(backbone, **fwd):
@@ -171,7 +191,8 @@ def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tenso
     T = response_len
     fwd = dict(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids_from_mask(attention_mask))
     if vision is None or all(v is None for v in vision):
-        return critic(**fwd, use_cache=False).logits[:, -T - 1:-1, 0].float()
+        B = input_ids.shape[0]
+        return value_rows(critic, fwd, lambda x: x[:, -T - 1:-1].reshape(B * T, x.shape[-1])).view(B, T)
     from reinforge.models.vlm_forward import image_embeds, image_inputs
 
     fwd["position_ids"], fwd["image_slots"], images = image_inputs(critic, input_ids, attention_mask, vision)
@@ -180,3 +201,14 @@ def response_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tenso
         return critic(**image_embeds(critic, fwd, images), use_cache=False).logits
 
     return as_root_forward(critic, run, **fwd)[:, -T - 1:-1, 0].float()
+
+
+def value_rows(critic, fwd: dict, select) -> torch.Tensor:
+    """The critic's values (M,) fp32 at the rows `select` picks from its (b, L, 1) output (the
+    whole rows' forward, or under sequence parallelism each rank's slice and then every rank's
+    rows in order: models/seq_parallel.py)."""
+    call = lambda **f: critic(**f, use_cache=False).logits  # noqa: E731  (b, L, 1)
+    if seq_parallel.size() == 1:
+        return select(call(**fwd))[:, 0].float()
+    rows, route = seq_parallel.model_rows(call, fwd, select)
+    return route.gather(rows[:, 0].float())

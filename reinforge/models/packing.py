@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from reinforge.models.forward import position_ids_from_mask, token_logprobs
+from reinforge.models.forward import position_ids_from_mask, token_logprobs, value_rows
 
 
 # ---- planning ------------------------------------------------------------------------------
@@ -235,8 +235,8 @@ def packed_response_values(critic, input_ids: torch.Tensor, attention_mask: torc
     """Same contract as `forward.response_values` (B, L) -> (B, T), on packed rows."""
     p = pack(input_ids, attention_mask)
     sel, src, _ = _response_gather(p, input_ids, response_len)
-    out = critic(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids, use_cache=False)
-    return _scatter(sel, out.logits.reshape(-1, out.logits.shape[-1])[src, 0].float())
+    fwd = dict(input_ids=p.input_ids, attention_mask=None, position_ids=p.position_ids)
+    return _scatter(sel, value_rows(critic, fwd, lambda x: x.reshape(-1, x.shape[-1])[src]))
 
 
 def micro_batches(batch, micro_batch_size: int, max_tokens: int = 0):

@@ -186,7 +186,8 @@ def resolve_actor_memory(cfg: RLConfig, device: str, mini: int, micro: int, refe
     from reinforge.models.shape_defaults import full_attention, resolve_memory
 
     m, r = cfg.model, cfg.rollout
-    share = m.share_prompt and not m.use_packing and r.n > 1 and full_attention(m.path)
+    share = (m.share_prompt and not m.use_packing and r.n > 1 and cfg.trainer.sequence_parallel == 1
+             and full_attention(m.path))
     mem = resolve_memory(ckpt=m.gradient_checkpointing, micro=micro, mini=mini,
                          seq=cfg.data.max_prompt_length + cfg.rollout.max_response_length, model_path=m.path,
                          device=device, budget_gb=m.memory_budget_gb, weights_bytes=_weights_bytes(m.dtype, device),

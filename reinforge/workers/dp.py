@@ -29,15 +29,25 @@ def rank() -> int:
     return dist.get_rank() if _active() else 0
 
 
+def sp_size() -> int:
+    """Ranks per sequence-parallel group (`trainer.sequence_parallel`, models/seq_parallel.py): they
+    hold the same rows, each a slice of every row's positions. 1: none."""
+    from reinforge.models import seq_parallel
+
+    return seq_parallel.size()
+
+
 def shard(batch: Batch) -> Batch:
     """This rank's rows of `batch` (the whole batch on one process): equal counts, balanced
-    tokens. Every rank computes the same partition from the same data, so the shards are disjoint."""
+    tokens. Every rank computes the same partition from the same data, so the shards are disjoint.
+    Under sequence parallelism the shards are per group: its k ranks get the same rows."""
     from reinforge.models.packing import equal_count_partition
 
-    n = world_size()
+    k = sp_size()
+    n = world_size() // k
     if n == 1:
         return batch
-    return batch.index(equal_count_partition(batch["attention_mask"].sum(-1).tolist(), n)[rank()])
+    return batch.index(equal_count_partition(batch["attention_mask"].sum(-1).tolist(), n)[rank() // k])
 
 
 def all_reduce_sum_(t: torch.Tensor) -> torch.Tensor:

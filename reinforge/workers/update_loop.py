@@ -89,10 +89,12 @@ class MetricSum:
 
     def all_reduce(self) -> "MetricSum":
         """Sum (maxima: max) over data-parallel ranks (each rank added its share of the global
-        mini-batch). Every rank holds the same names: the same terms ran on every rank."""
+        mini-batch). Every rank holds the same names: the same terms ran on every rank. The k ranks
+        of a sequence-parallel group added the same (whole-sequence) values: the sum counts them once."""
         if self.sums and dp.world_size() > 1:
             keys = sorted(self.sums)
             flat = dp.all_reduce_sum_(torch.stack([torch.as_tensor(self.sums[k]).float().cpu() for k in keys]))
+            flat = flat / dp.sp_size() if dp.sp_size() > 1 else flat
             self.sums = dict(zip(keys, flat))
         if self.maxes and dp.world_size() > 1:
             import torch.distributed as dist

@@ -98,21 +98,22 @@ def assert_ranks_match_one_process(local, remote, group, batch) -> dict[str, dic
 
 
 
-@pytest.mark.parametrize("fused, packing", [(False, False), (True, False), (True, True)])
-def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tmp_path, fused, packing):
+@pytest.mark.parametrize("fused, packing, sp", [(False, False, 1), (True, False, 1), (True, True, 1), (True, True, 2)])
+def test_two_ranks_equal_one_process(ray_cluster, tiny_model_dir, arith_data, tmp_path, fused, packing, sp):
     """Log-probs, values, the gradient at every optimizer step of the PPO updates and their
     metrics agree, and the weights pulled from the ranks then equal the local worker's (which
     stepped with the ranks' gradients); with the fused log-prob path too (padded and packed
-    rows), whose LM-head read FSDP gathers through the root's registered forward method."""
+    rows), whose LM-head read FSDP gathers through the root's registered forward method; and
+    with the two ranks one sequence-parallel group (sp=2: each holds half of every packed row)."""
     from reinforge.distributed.group import WorkerDiedError
     from reinforge.trainers.rl_setup import build_ray_workers, build_workers
 
     opts = {"model.fused_logprobs": fused, "model.use_packing": packing}
+    ray_opts = {"trainer.backend": "ray", "trainer.devices_per_node": 2, "trainer.sequence_parallel": sp}
     local_plan = _plan(tiny_model_dir, arith_data, str(tmp_path / "l"), **opts)
     seed_everything(local_plan.cfg.trainer.seed)
     local = build_workers(local_plan)
-    remote, group = build_ray_workers(_plan(tiny_model_dir, arith_data, str(tmp_path / "r"),
-                                           **{"trainer.backend": "ray", "trainer.devices_per_node": 2, **opts}))
+    remote, group = build_ray_workers(_plan(tiny_model_dir, arith_data, str(tmp_path / "r"), **ray_opts, **opts))
     batch = _batch(local.actor_model.config.vocab_size)
     assert_ranks_match_one_process(local, remote, group, batch)
 
