@@ -57,7 +57,8 @@ class ModelConfig:
     responses on that prompt's key/value cache (GRPO's n samples per prompt: U*P + B*T tokens
     instead of B*(P + T)); the update orders a mini-batch's rows by group so a group shares its
     micro-batches. Same positions and masks as whole rows: equal up to float rounding. Whole rows
-    run where it cannot apply: packing, vision prompts, sliding-window or linear-attention caches,
+    run where it cannot apply: packing, vision prompts, sequence parallelism, sliding-window or
+    linear-attention caches,
     activation checkpointing in a backward, no prompt shared (models/shared_prompt.py)."""
     lora_rank: int = 0
     """LoRA rank for the actor (PEFT); 0 trains all weights. The reference is then the base
