@@ -58,8 +58,8 @@ class ModelConfig:
     instead of B*(P + T)); the update orders a mini-batch's rows by group so a group shares its
     micro-batches. Same positions and masks as whole rows: equal up to float rounding. Whole rows
     run where it cannot apply: packing, vision prompts, sequence parallelism, sliding-window or
-    linear-attention caches,
-    activation checkpointing in a backward, no prompt shared (models/shared_prompt.py)."""
+    linear-attention caches, activation checkpointing in a backward, no prompt shared
+    (models/shared_prompt.py)."""
     lora_rank: int = 0
     """LoRA rank for the actor (PEFT); 0 trains all weights. The reference is then the base
     model with the adapter disabled (no second copy). SFT and DPO take it too (DPO's reference
