@@ -188,18 +188,24 @@ def test_partial_rollout_re_prefill_records_the_new_weights_routing(tok):
 
 # ---- architectures and end to end ----------------------------------------------------------------
 def test_moe_archs_build_with_the_real_tokenizer(real_vocabs, tmp_path):
+    """`reinforge model --arch qwen3-moe-tiny` (shrunk: 1 layer, hidden 64) writes a folder that
+    loads as Qwen3-MoE with the real tokenizer; qwen2-moe-tiny's config builds its class with the
+    published parameter count (on the meta device)."""
     from transformers import AutoModelForCausalLM
 
-    from reinforge.models.archs import arch_tokenizer, save_arch
+    from reinforge.models.archs import arch_config, arch_tokenizer, save_arch
     from reinforge.models.moe import routers
 
-    for name, cls, k in (("qwen3-moe-tiny", "Qwen3MoeForCausalLM", 2), ("qwen2-moe-tiny", "Qwen2MoeForCausalLM", 2)):
-        save_arch(name, str(tmp_path / name), layers=1, hidden=64)
-        model = AutoModelForCausalLM.from_pretrained(str(tmp_path / name))
-        assert type(model).__name__ == cls and model.config.vocab_size == 151936
-        assert [r.top_k for r in routers(model)] == [k]
-        tok = arch_tokenizer(name)
-        assert tok.decode(tok.encode("Hello world")) == "Hello world"
+    save_arch("qwen3-moe-tiny", str(tmp_path / "q3"), layers=1, hidden=64)
+    model = AutoModelForCausalLM.from_pretrained(str(tmp_path / "q3"))
+    assert type(model).__name__ == "Qwen3MoeForCausalLM" and model.config.vocab_size == 151936
+    assert [(r.top_k, r.num_experts, r.norm_topk_prob) for r in routers(model)] == [(2, 8, True)]
+    tok = arch_tokenizer("qwen3-moe-tiny")
+    assert tok.decode(tok.encode("Hello world")) == "Hello world" and tok.convert_tokens_to_ids("<think>") == 151667
+    with torch.device("meta"):
+        q2 = AutoModelForCausalLM.from_config(arch_config("qwen2-moe-tiny"))
+    assert type(q2).__name__ == "Qwen2MoeForCausalLM" and sum(p.numel() for p in q2.parameters()) == 20_172_416
+    assert len(routers(q2)) == 2 and hasattr(q2.model.layers[0].mlp, "shared_expert")
 
 
 def _train(model_dir, data, run_dir, **extra):

@@ -249,9 +249,9 @@ class ActorConfig(AdamWConfig):
     router_aux_loss_coef: float = 0.0
     """MoE policies: weight of the routers' load-balancing loss (algos/moe.py; 1 when balanced).
     0: off, as in veRL's GRPO recipes; the expert-load metrics are logged either way."""
-    router_replay: str = "off"
+    router_replay: str = "disabled"
     """MoE policies: `rollout` replays the experts the rollout chose in the old-log-prob pass and the
-    update (R3, models/moe.py; lean rollout, local backend); `off`: the trainer's forward routes."""
+    update (R3, models/moe.py; lean rollout, local backend); `disabled`: the trainer's forward routes."""
 
 
 @dataclass

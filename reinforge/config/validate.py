@@ -211,8 +211,8 @@ def check_router_replay(cfg: RLConfig) -> None:
     turn, padded (not packed) rows. Whether the model is an MoE is checked with its files
     (trainers/preflight.check_moe_rl)."""
     act, r = cfg.actor, cfg.rollout
-    check_choice(act.router_replay, ("off", "rollout"), "actor.router_replay")
-    if act.router_replay == "off":
+    check_choice(act.router_replay, ("disabled", "rollout"), "actor.router_replay")
+    if act.router_replay == "disabled":
         return
     why = "actor.router_replay=rollout"
     need(r.backend == "lean", f"{why} needs the lean rollout, which records the experts (got rollout.backend={r.backend})")

@@ -132,16 +132,17 @@ class Routing:
 
 
 def attach_routing(model, replay: bool) -> Routing | None:
-    """Hooks on every router of `model` (None when it has none); idempotent (the same Routing).
+    """Hooks on every router of `model` (None unless it is one of MOE_TYPES); idempotent (the same Routing).
     replay: the run replays the rollout's routing (actor.router_replay=rollout), which the
     rollout reads to know it must record."""
     found = routing_of(model)
     if found is not None:
         found.replay_enabled = replay
         return found
+    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
     rs = routers(model)
-    if not rs:
-        return None
+    if getattr(getattr(inner, "config", None), "model_type", None) not in MOE_TYPES or not rs:
+        return None  # another family's router may return something else: leave it alone
     routing = Routing(rs, replay)
     model._reinforge_routing = routing
     return routing

@@ -322,11 +322,11 @@ def check_moe_rl(cfg) -> None:
     from reinforge.models.moe import MOE_TYPES, is_moe_config
 
     act = cfg.actor
-    if act.router_replay == "off" and act.router_aux_loss_coef == 0:
+    if act.router_replay == "disabled" and act.router_aux_loss_coef == 0:
         return
     config = json.loads((Path(cfg.model.path) / "config.json").read_text(encoding="utf-8"))
     if not is_moe_config(config):
-        key = "actor.router_replay=rollout" if act.router_replay != "off" else "actor.router_aux_loss_coef != 0"
+        key = "actor.router_replay=rollout" if act.router_replay != "disabled" else "actor.router_aux_loss_coef != 0"
         raise ConfigError(f"{key}: model.path={cfg.model.path!r} is not a mixture-of-experts model (model_type "
                           f"{config.get('model_type')!r}; routed: {', '.join(MOE_TYPES)})")
 

@@ -68,7 +68,8 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         (sum over the vocabulary of pi^2: the optimal token baseline's input; an extra forward)."""
         try:
             logp, ent = batch_log_probs(self.model, batch, self.mcfg, self.micro_batch_size,
-                                        self.cfg.max_tokens_per_micro_batch, with_entropy)
+                                        self.cfg.max_tokens_per_micro_batch, with_entropy,
+                                        routed=self.routing is not None)
         finally:
             if self.routing is not None:
                 self.routing.clear()
@@ -223,14 +224,17 @@ def micro_log_probs(model, mb: Batch, mcfg: ModelConfig, temperature: float, wit
 
 
 def batch_log_probs(model, batch: Batch, mcfg: ModelConfig, micro_batch_size: int, max_tokens: int,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    with_entropy: bool, routed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (B, T) fp32 on the CPU, and entropies or None, of a whole batch at its rollout
     temperature: micro-batches (token budget honoured) on the model's device, in eval mode,
-    put back in batch order. The actor's old log-probs and the reference's log-probs."""
+    put back in batch order. The actor's old log-probs and the reference's log-probs. routed:
+    the actor of an MoE policy, whose routers replay the rollout's experts when the run does
+    (models/moe.select_for); the reference (a LoRA one is the actor's module) routes itself."""
     temperature = batch.meta.get("temperature", 1.0)
 
     def run(mb: Batch):
-        select_for(model, mb)  # MoE: the rollout's experts when the run replays them
+        if routed:
+            select_for(model, mb)  # MoE: the rollout's experts when the run replays them
         lp, ent = micro_log_probs(model, mb, mcfg, temperature, with_entropy)
         return lp.float(), ent.float() if with_entropy else None
 
