@@ -14,7 +14,7 @@ gradient checkpointing see the same modules):
   rollout's, and the gate weights recomputed as R3 does: the router's softmax probabilities
   gathered at the replayed experts, renormalised where the router renormalises its top-k
   (Qwen's `norm_topk_prob`, always for Mixtral), in the dtype the router returns. Positions the
-  rollout never routed (padding, the last sampled token, which no forward of the rollout read)
+  rollout never routed (each row's last sampled token, which no rollout forward read, and the padding after it)
   keep the router's own choice. With the rollout's own experts this is bit for bit the router's
   output, so the only difference replay makes is the choice of experts.
 - capture (the update): the router logits (with their gradient) and the experts used, for the

@@ -33,7 +33,8 @@ parameters, LoRA layers included, are used: nothing to copy or sync), with:
   (actor.router_replay=rollout): the routers' chosen experts of every forward (prefill, each
   step, a partial rollout's re-prefill, which overwrites the rows' earlier positions with the
   new weights' choice) placed at their (row, column) in `routed_experts` (B, P+T, layers, k)
-  (models/moe.py); a position no forward read (padding, each row's last token) stays unrouted.
+  (models/moe.py); a position no forward read (a row's last token and the padding after it) stays
+  unrouted.
 Qwen2 / Qwen3 / Llama configs with full attention only (their decoder layers share one call
 signature), the MoE ones above, and Qwen2-VL's language model (image prompts: the prefill takes the prompt's
 embeddings with the image features and M-RoPE positions, workers/rollout/vlm.py); other
