@@ -279,3 +279,18 @@ def test_checkpointed_rows_in_flight_keep_their_routing(moe_dir, arith_data, tmp
     assert saved and all(c["tensors"]["routed_experts"].dtype == torch.uint8 for c in saved)
     RLTrainer(cfg("part")).fit(resume=True)
     assert rows("full") == rows("part")
+
+
+@pytest.mark.slow
+def test_demo_moe_quick(tmp_path):
+    """`reinforge demo --moe --quick`: the MoE policy through SFT and GRPO with replay, its report
+    naming the MoE shape and the expert-load metrics logged."""
+    from reinforge.cli.main import main
+
+    out = tmp_path / "demo_moe"
+    assert main(["demo", "--moe", "--quick", "--out", str(out)]) == 0
+    report = json.loads((out / "demo_report.json").read_text())
+    assert report["moe"]["family"] == "qwen3_moe"
+    assert json.loads((out / "model" / "config.json").read_text())["model_type"] == "qwen3_moe"
+    rows = [json.loads(x) for x in (out / "grpo" / "metrics.jsonl").read_text().splitlines()]
+    assert all("actor/moe_load_max" in r for r in rows if r["step"] > 0)
