@@ -115,6 +115,22 @@ def test_replayed_log_probs_equal_the_rollouts_fp32(tok, family):
     assert routing_of(model).mode is None  # cleared after use
 
 
+def test_hf_backend_decodes_moe_without_recording(tok):
+    """rollout.backend=hf: generate() decodes the three families (its log-probs are the trainer's
+    at 1e-5 fp32) and records no routing (so replay is refused with it before any model loads)."""
+    from reinforge.protocol import Batch
+    from reinforge.workers.rollout.hf import HFRollout
+
+    for family in FAMILIES:
+        model, routing = _model(tok, family)
+        prompts = Batch({"uid": torch.arange(2)}, {"prompt_ids": [tok.encode("1+2="), tok.encode("33+4=")]})
+        batch = HFRollout(model, tok, max_prompt_length=8, max_response_length=6).generate(prompts, n=2)
+        assert "routed_experts" not in batch
+        routing.replay_enabled = False
+        resp = batch["response_mask"].bool()
+        torch.testing.assert_close(_logprobs(model, batch, 6)[resp], batch["rollout_log_probs"][resp], atol=1e-5, rtol=0)
+
+
 def test_replayed_gate_weights_are_the_routers_probabilities(tok):
     """Gate weights under replay: softmax(router logits) gathered at the replayed experts,
     renormalised where the router renormalises (Qwen3-MoE yes, Qwen2-MoE here no)."""
