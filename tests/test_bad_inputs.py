@@ -243,6 +243,14 @@ CASES = [
      "img_ok.jsonl: row 0: field 'prompt': the row has images but the model has no image processor"),
     ("lora_target_typo", lambda p: [*p.rl, "model.lora_rank=4", "model.lora_target_modules=[q_proj, nope_proj]"],
      "model.lora_target_modules: ['nope_proj'] match no module of model.path="),
+    # issue 38: routing replay and the router loss need an MoE policy the lean loop records
+    ("router_replay_dense_model", lambda p: [*p.rl, "actor.router_replay=rollout"],
+     "actor.router_replay=rollout: model.path='{model}' is not a mixture-of-experts model (model_type 'qwen2'"),
+    ("router_aux_loss_dense_model", lambda p: [*p.rl, "actor.router_aux_loss_coef=0.01"],
+     "actor.router_aux_loss_coef != 0: model.path='{model}' is not a mixture-of-experts model"),
+    ("router_replay_hf_backend", lambda p: [*p.rl, "actor.router_replay=rollout", "rollout.backend=hf"],
+     "actor.router_replay=rollout needs the lean rollout, which records the experts (got rollout.backend=hf)"),
+    ("router_replay_value", lambda p: [*p.rl, "actor.router_replay=vllm"], "actor.router_replay"),
 ]
 
 

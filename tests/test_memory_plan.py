@@ -248,7 +248,8 @@ def test_full_attention_from_config(tmp_path):
              ({"model_type": "mistral", "sliding_window": 4096}, False),
              ({"model_type": "gemma3_text", "layer_types": ["sliding_attention", "full_attention"]}, False),
              ({"model_type": "qwen3_next", "layer_types": ["linear_attention", "full_attention"]}, False),
-             ({"model_type": "qwen2_vl", "vision_config": {}}, False)]
+             ({"model_type": "qwen2_vl", "vision_config": {}}, False),
+             ({"model_type": "qwen3_moe", "num_experts": 8}, False)]
     for i, (config, want) in enumerate(cases):
         (tmp_path / str(i)).mkdir()
         (tmp_path / str(i) / "config.json").write_text(json.dumps(config))

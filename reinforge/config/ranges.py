@@ -42,7 +42,7 @@ RANGES: dict[str, dict[str, str]] = {
                           agent_concurrency=SIZE, agent_timeout_s=POS),
     "ActorConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=COUNT,
                         max_tokens_per_micro_batch=COUNT, loss_norm_const=POS, entropy_coeff=NONNEG,
-                        kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE),  # + the policy losses' params
+                        kl_loss_coef=NONNEG, max_nonfinite_steps=SIZE, router_aux_loss_coef=NONNEG),  # + the policy losses' params
     "CriticConfig": dict(ppo_epochs=SIZE, mini_batch_size=COUNT, micro_batch_size=COUNT,
                          max_tokens_per_micro_batch=COUNT, cliprange_value=POS, warmup_actor_freeze_steps=COUNT),
     "AlgorithmConfig": dict(kl_coef=NONNEG, target_kl=POS, kl_horizon=SIZE, max_gen_rounds=SIZE,

@@ -256,6 +256,12 @@ class ActorConfig(AdamWConfig):
     kl_loss_type: str = "k3"
     """KL estimator for the loss: k1, abs, k2, k3 (aliases kl, mse, low_var_kl); a `+` suffix keeps
     the value and takes k2's gradient (k1+, k3+, low_var_kl+; k2+ is k2)."""
+    router_aux_loss_coef: float = 0.0
+    """MoE policies: weight of the routers' load-balancing loss (algos/moe.py; 1 when balanced).
+    0: off, as in veRL's GRPO recipes; the expert-load metrics are logged either way."""
+    router_replay: str = "disabled"
+    """MoE policies: `rollout` replays the experts the rollout chose in the old-log-prob pass and the
+    update (R3, models/moe.py; lean rollout, local backend); `disabled`: the trainer's forward routes."""
 
 
 @dataclass

@@ -205,6 +205,24 @@ def check_agent_gateway(cfg: RLConfig) -> None:
     need(r.agent_timeout_s > 0, f"rollout.agent_timeout_s={r.agent_timeout_s} must be > 0")
 
 
+def check_router_replay(cfg: RLConfig) -> None:
+    """actor.router_replay=rollout (models/moe.py) needs a rollout that records the experts per
+    token and a forward whose tokens line up with them: the lean loop, in this process, single
+    turn, padded (not packed) rows. Whether the model is an MoE is checked with its files
+    (trainers/preflight.check_moe_rl)."""
+    act, r = cfg.actor, cfg.rollout
+    check_choice(act.router_replay, ("disabled", "rollout"), "actor.router_replay")
+    if act.router_replay == "disabled":
+        return
+    why = "actor.router_replay=rollout"
+    need(r.backend == "lean", f"{why} needs the lean rollout, which records the experts (got rollout.backend={r.backend})")
+    need(cfg.trainer.backend == "local", f"{why} runs on trainer.backend=local only (the Ray ranks' rollout "
+                                         f"copies do not record the experts yet)")
+    need(r.max_turns == 1 and not r.agent, f"{why} runs single-turn rollouts only (the agent loop's turns are "
+                                           f"not recorded); set rollout.max_turns=1 and no rollout.agent")
+    need(not cfg.model.use_packing, f"{why} replays per padded row; set model.use_packing=false")
+
+
 def validate(cfg: RLConfig) -> RLConfig:
     """Check the rules about `cfg`'s values; returns it unchanged (trainers/plan.py derives the
     plan from it)."""
@@ -233,6 +251,7 @@ def validate(cfg: RLConfig) -> RLConfig:
                                                         f"set rollout.dtype=model")
     check_agent(r)
     check_agent_gateway(cfg)
+    check_router_replay(cfg)
     if a.adv_estimator in advantages.NEEDS_GROUPS:
         need(r.n >= 2, f"algorithm.adv_estimator={a.adv_estimator!r} compares samples within a group: "
                        f"rollout.n={r.n} must be >= 2")

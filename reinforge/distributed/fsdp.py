@@ -20,12 +20,20 @@ from torch import nn
 
 def decoder_layers(model: nn.Module) -> list[nn.Module]:
     """Transformer blocks, found by class name so any HF decoder (Qwen2, Llama, ...) works;
-    a vision tower's blocks excepted (module docstring)."""
+    a vision tower's blocks excepted (module docstring); the outermost only (an MoE decoder
+    layer holds a `*SparseMoeBlock`, whose parameters the layer's unit already shards)."""
     from reinforge.models.loading import vision_tower
 
     tower = vision_tower(model)
     inside = {id(m) for m in tower.modules()} if tower is not None else set()
-    return [m for m in model.modules() if type(m).__name__.endswith(("DecoderLayer", "Block")) and id(m) not in inside]
+    found: list[nn.Module] = []
+    taken: set[int] = set()
+    for m in model.modules():  # parents before children
+        if id(m) in taken or id(m) in inside or not type(m).__name__.endswith(("DecoderLayer", "Block")):
+            continue
+        found.append(m)
+        taken.update(id(c) for c in m.modules())
+    return found
 
 
 def shard_model(model: nn.Module) -> nn.Module:

@@ -51,7 +51,7 @@ _LLAMA32_ADDED = ((128004, "<|finetune_right_pad_id|>", True), (128008, "<|eom_i
 @dataclass(frozen=True)
 class Arch:
     """One architecture: its HF model type, config values, vocabulary and tokenizer changes."""
-    model_type: str                 # "qwen2" | "qwen3" | "llama"
+    model_type: str                 # "qwen2" | "qwen3" | "llama" | "qwen3_moe" | "qwen2_moe"
     vocab: str                      # a models/vocabs.py name
     template: str                   # a chat_templates.TEMPLATES name
     config: dict                    # the HF config's values (real shape)
@@ -85,6 +85,26 @@ ARCHS: dict[str, Arch] = {
                            "original_max_position_embeddings": 8192}),
         added=_LLAMA32_ADDED, pad_token="<|finetune_right_pad_id|>", add_bos=True, drop_ids_from=128256,
         about="Llama-3.2-1B (1.24B parameters)"),
+    # Mixture-of-experts (models/moe.py): the released models' layout (vocabulary, tokenizer, chat
+    # template, GQA, q/k norms or qkv bias, top-k renormalisation, shared expert) at a tiny size,
+    # with a tied head (the released ones untie it) so the 152k-row embedding is paid once.
+    "qwen3-moe-tiny": Arch(
+        "qwen3_moe", "qwen2", "qwen3",
+        dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=32,
+             intermediate_size=384, moe_intermediate_size=64, num_experts=8, num_experts_per_tok=2,
+             norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], vocab_size=151936,
+             tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6, max_position_embeddings=40960,
+             attention_bias=False, hidden_act="silu"),
+        added=_QWEN3_ADDED, about="a tiny Qwen3-MoE (Qwen3-30B-A3B's layout: top-k renormalised; 8 experts, top-2)"),
+    "qwen2-moe-tiny": Arch(
+        "qwen2_moe", "qwen2", "chatml_tools",
+        dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=4,
+             intermediate_size=384, moe_intermediate_size=64, shared_expert_intermediate_size=256, num_experts=8,
+             num_experts_per_tok=2, norm_topk_prob=False, decoder_sparse_step=1, mlp_only_layers=[],
+             vocab_size=151936, tie_word_embeddings=True, rope_theta=1e6, rms_norm_eps=1e-6,
+             max_position_embeddings=32768, qkv_bias=True, hidden_act="silu"),
+        added=_QWEN25_ADDED, about="a tiny Qwen2-MoE (Qwen1.5-MoE-A2.7B's layout: a gated shared expert, top-k not "
+                                   "renormalised; 8 experts, top-2)"),
 }
 
 
@@ -122,8 +142,12 @@ def _small_shape(cfg: dict, hidden: int) -> dict:
     while n % kv:
         kv -= 1
     inter = max(8, round(hidden * cfg["intermediate_size"] / cfg["hidden_size"] / 8) * 8)
-    return dict(hidden_size=hidden, num_attention_heads=n, num_key_value_heads=kv, head_dim=head_dim,
-                intermediate_size=inter)
+    out = dict(hidden_size=hidden, num_attention_heads=n, num_key_value_heads=kv, head_dim=head_dim,
+               intermediate_size=inter)
+    for key in ("moe_intermediate_size", "shared_expert_intermediate_size"):  # MoE widths, same ratio
+        if key in cfg:
+            out[key] = max(8, round(hidden * cfg[key] / cfg["hidden_size"] / 8) * 8)
+    return out
 
 
 def arch_config(name: str, *, layers: int | None = None, hidden: int | None = None, **overrides):
@@ -148,7 +172,8 @@ def arch_config(name: str, *, layers: int | None = None, hidden: int | None = No
                                 architectures=[_MODEL_CLASSES[spec.model_type]])
 
 
-_MODEL_CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM"}
+_MODEL_CLASSES = {"qwen2": "Qwen2ForCausalLM", "qwen3": "Qwen3ForCausalLM", "llama": "LlamaForCausalLM",
+                  "qwen3_moe": "Qwen3MoeForCausalLM", "qwen2_moe": "Qwen2MoeForCausalLM"}
 
 
 def _token_ids(name: str) -> dict:

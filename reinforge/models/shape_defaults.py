@@ -111,13 +111,15 @@ def model_shape(model_path: str) -> dict | None:
 def full_attention(model_path: str) -> bool:
     """Whether every decoder layer of the model in config.json attends to all earlier tokens (no
     sliding window, no linear attention): the models whose key/value cache models/shared_prompt.py
-    can share. False when unreadable, and for vision-language models (their image prompts run
-    whole rows)."""
+    can share. False when unreadable, for vision-language models (their image prompts run whole
+    rows) and for MoE models (the actor's router hooks replay and capture whole rows)."""
     try:
         c = json.loads((Path(model_path) / "config.json").read_text())
     except (OSError, ValueError):
         return False
     if "vision_config" in c:
+        return False
+    if c.get("num_experts") or c.get("num_local_experts"):  # MoE: the actor's router hooks need whole rows
         return False
     types = c.get("layer_types") or []
     sliding = c.get("sliding_window") and c.get("use_sliding_window", True)

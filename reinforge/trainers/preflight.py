@@ -315,12 +315,29 @@ def check_vlm_rl(plan: RunPlan) -> None:
         check_vlm_critic(cfg)
 
 
+def check_moe_rl(cfg) -> None:
+    """actor.router_replay=rollout and actor.router_aux_loss_coef act on a mixture-of-experts
+    policy's routers (models/moe.py): refused, naming the key, when model.path's config.json is
+    not one of models/moe.MOE_TYPES."""
+    from reinforge.models.moe import MOE_TYPES, is_moe_config
+
+    act = cfg.actor
+    if act.router_replay == "disabled" and act.router_aux_loss_coef == 0:
+        return
+    config = json.loads((Path(cfg.model.path) / "config.json").read_text(encoding="utf-8"))
+    if not is_moe_config(config):
+        key = "actor.router_replay=rollout" if act.router_replay != "disabled" else "actor.router_aux_loss_coef != 0"
+        raise ConfigError(f"{key}: model.path={cfg.model.path!r} is not a mixture-of-experts model (model_type "
+                          f"{config.get('model_type')!r}; routed: {', '.join(MOE_TYPES)})")
+
+
 def check_rl_files(plan: RunPlan) -> None:
     """Every file an RL plan names, without building a model; raises ConfigError, DataError or
     ModelLoadError."""
     cfg = plan.cfg
     check_models(cfg, plan.model_folders)
     check_vlm_rl(plan)
+    check_moe_rl(cfg)
     if plan.teacher_enabled:
         check_teacher_vocab(cfg)
     from reinforge.rewards.judge import JUDGE_NAME

@@ -20,11 +20,13 @@ import torch
 
 from reinforge.algos.aggregation import agg_denominators, agg_loss
 from reinforge.algos.kl import kl_penalty
+from reinforge.algos.moe import load_balancing_loss
 from reinforge.algos.masked import masked_mean
 from reinforge.algos.policy_loss import POLICY_LOSSES, log_ratio_max
 from reinforge.algos.tis import tis_weights
 from reinforge.config.schema import ActorConfig, ModelConfig
 from reinforge.models.forward import response_logprobs
+from reinforge.models.moe import attach_routing, routing_of, select_for
 from reinforge.models.packing import packed_response_logprobs
 from reinforge.protocol import Batch
 from reinforge.workers.gkd import GKDTerm, gkd_log_probs
@@ -57,13 +59,20 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         self.guard = NonFiniteGuard(cfg.max_nonfinite_steps, "actor")
         self.optim = Optim(self.params, self.opt, cfg.grad_clip, self.guard)
         self.gkd: GKDTerm | None = None  # teacher.mode=gkd: set by trainers/rl_setup.make_teacher
+        # MoE policies: hooks on the routers (replay, the aux loss's inputs); None for a dense model
+        self.routing = attach_routing(model, replay=cfg.router_replay == "rollout")
 
     @torch.no_grad()
     def log_probs(self, batch: Batch, *, with_entropy: bool = True, with_sum_pi_squared: bool = False) -> Batch:
         """-> old_log_probs (B, T) and, optionally, entropy (B, T) and sum_pi_squared (B, T)
         (sum over the vocabulary of pi^2: the optimal token baseline's input; an extra forward)."""
-        logp, ent = batch_log_probs(self.model, batch, self.mcfg, self.micro_batch_size,
-                                    self.cfg.max_tokens_per_micro_batch, with_entropy)
+        try:
+            logp, ent = batch_log_probs(self.model, batch, self.mcfg, self.micro_batch_size,
+                                        self.cfg.max_tokens_per_micro_batch, with_entropy,
+                                        routed=self.routing is not None)
+        finally:
+            if self.routing is not None:
+                self.routing.clear()
         out = Batch({"old_log_probs": logp, **({"entropy": ent} if with_entropy else {})})
         if with_sum_pi_squared:
             out["sum_pi_squared"] = batch_sum_pi_squared(self.model, batch, self.mcfg, self.micro_batch_size,
@@ -76,6 +85,7 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         (b, T) with grad, entropy (b, T) (None when nothing reads it), jsd (b, T) under GKD,
         old_log_probs (on-policy: this forward's, detached) and the loss mask (b, T)."""
         jsd = None
+        select_for(self.model, mb, capture=True)  # MoE: replay the rollout's experts; keep the router outputs
         if self.gkd is not None:  # the same student forward also gives the JSD to the teacher
             log_probs, entropy, jsd = gkd_log_probs(self.model, self.gkd, mb, temperature, self.mcfg.logprob_chunk_size,
                                                     self.mcfg.autocast == "bf16")
@@ -84,7 +94,9 @@ class ActorWorker(LocalTrainedRole, role="actor"):
                                                  self.cfg.entropy_coeff != 0 or self.on_policy)
         old_log_probs = log_probs.detach() if self.on_policy else mb["old_log_probs"]
         mask = (mb["loss_mask"] if "loss_mask" in mb else mb["response_mask"]).float()
-        return {"log_probs": log_probs, "entropy": entropy, "jsd": jsd, "old_log_probs": old_log_probs, "mask": mask}
+        router = self.routing.take_captured() if self.routing is not None else None
+        return {"log_probs": log_probs, "entropy": entropy, "jsd": jsd, "old_log_probs": old_log_probs, "mask": mask,
+                "router": router}
 
     def _agg(self, x: torch.Tensor, mask: torch.Tensor, denom: dict) -> torch.Tensor:
         """(b, T) -> the term's share of the mini-batch loss (the mini-batch's counts)."""
@@ -109,9 +121,25 @@ class ActorWorker(LocalTrainedRole, role="actor"):
             m.update(tis)  # means token-weighted, the `_max` gap a maximum (update_loop.MetricSum)
         return self._agg(loss_mat, out["mask"], denom), m
 
+    def _router_loss(self, out: dict, mb: Batch, denom: dict) -> tuple[torch.Tensor, dict]:
+        """MoE: the load-balancing loss of this micro-batch's forward (algos/moe.py: every real token,
+        prompts included, as the routers saw them) times its share of the mini-batch's loss tokens,
+        so the micro-batches add up to a token-weighted mean over the mini-batch (the loss is not
+        additive over tokens: each forward's own, as Megatron computes it per micro-batch)."""
+        logits, experts = out["router"]
+        att = mb["attention_mask"].reshape(-1)
+        # packed rows (model.use_packing): the forward's tokens are the packed slots, all counted
+        mask = att if logits[0].shape[0] == att.numel() else torch.ones(logits[0].shape[0], device=logits[0].device)
+        if self.cfg.router_aux_loss_coef == 0:  # metrics only: no graph through the routers
+            logits = [x.detach() for x in logits]
+        aux, m = load_balancing_loss(logits, experts, mask.to(logits[0].device))
+        share = _loss_mask(mb).float().sum() / denom["num_tokens"].clamp(min=1.0)
+        return aux * share, m
+
     def loss_terms(self) -> list[LossTerm]:
         """pg_loss - entropy_coeff * entropy (+ coef * GKD's JSD) (+ kl_loss_coef * KL to the
-        reference), each aggregated like the policy loss; added in this order."""
+        reference) (+ router_aux_loss_coef * the MoE load-balancing loss, whose metrics an MoE
+        policy logs even at coefficient 0), each aggregated like the policy loss; in this order."""
         c = self.cfg
         terms = [LossTerm("pg_loss", 1.0, self._policy_loss)]
         if c.entropy_coeff != 0:
@@ -122,6 +150,8 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         if c.use_kl_loss:
             terms.append(LossTerm("kl_loss", c.kl_loss_coef, lambda out, mb, d: (
                 self._agg(kl_penalty(out["log_probs"], mb["ref_log_probs"], c.kl_loss_type), out["mask"], d), {})))
+        if self.routing is not None:
+            terms.append(LossTerm("moe_aux_loss", c.router_aux_loss_coef, self._router_loss))
         return terms
 
     def _micro_loss(self, mb: Batch, denom: dict, temperature: float) -> tuple[torch.Tensor, dict]:
@@ -148,8 +178,13 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         minis = rl_mini_batches(batch, self.mini_batch_size, c.ppo_epochs, c.shuffle, self.gen, self.micro_batch_size,
                                 c.max_tokens_per_micro_batch, model_device(self.model),
                                 lambda mini: agg_denominators(_loss_mask(mini).float()),
-                                by_group=self.mcfg.share_prompt and not self.mcfg.use_packing)
-        res = run_update(minis, self.loss_terms(), forward=lambda mb: self._forward(mb, temperature), optim=self.optim)
+                                by_group=share_prompt(self.mcfg, self.model))
+        try:
+            res = run_update(minis, self.loss_terms(), forward=lambda mb: self._forward(mb, temperature),
+                             optim=self.optim)
+        finally:
+            if self.routing is not None:
+                self.routing.clear()
         self.sched.step()
         out = {k.removeprefix("actor/") if k.startswith("actor/rollout_corr/") else k: v
                for k, v in res.metrics("actor/").items()}
@@ -187,17 +222,28 @@ def micro_log_probs(model, mb: Batch, mcfg: ModelConfig, temperature: float, wit
                   with_entropy=with_entropy, fused=mcfg.fused_logprobs, chunk_size=mcfg.logprob_chunk_size,
                   top_k=mb.meta.get("top_k", 0), top_p=mb.meta.get("top_p", 1.0),
                   **({"vision": mb["vision"]} if "vision" in mb else {}),  # a VLM's image prompts
-                  **({"share_prompt": True} if mcfg.share_prompt and not mcfg.use_packing else {}))
+                  **({"share_prompt": True} if share_prompt(mcfg, model) else {}))
+
+
+def share_prompt(mcfg: ModelConfig, model) -> bool:
+    """Whether model.share_prompt applies to `model`'s forwards: not with packing, and not for an
+    MoE policy with router hooks (models/moe.py: replay and the aux loss's capture work on whole
+    rows); models/shared_prompt.py checks the rest at run time."""
+    return mcfg.share_prompt and not mcfg.use_packing and routing_of(model) is None
 
 
 def batch_log_probs(model, batch: Batch, mcfg: ModelConfig, micro_batch_size: int, max_tokens: int,
-                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    with_entropy: bool, routed: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs (B, T) fp32 on the CPU, and entropies or None, of a whole batch at its rollout
     temperature: micro-batches (token budget honoured) on the model's device, in eval mode,
-    put back in batch order. The actor's old log-probs and the reference's log-probs."""
+    put back in batch order. The actor's old log-probs and the reference's log-probs. routed:
+    the actor of an MoE policy, whose routers replay the rollout's experts when the run does
+    (models/moe.select_for); the reference (a LoRA one is the actor's module) routes itself."""
     temperature = batch.meta.get("temperature", 1.0)
 
     def run(mb: Batch):
+        if routed:
+            select_for(model, mb)  # MoE: the rollout's experts when the run replays them
         lp, ent = micro_log_probs(model, mb, mcfg, temperature, with_entropy)
         return lp.float(), ent.float() if with_entropy else None
 

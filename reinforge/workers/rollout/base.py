@@ -19,8 +19,9 @@ if TYPE_CHECKING:  # the registry (and config checks through it) import this mod
     from reinforge.protocol import Batch
 
 
-LEAN_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl")
-"""The model types whose decoder layers the lean loop drives (lean.py; a VLM's language model)."""
+LEAN_MODEL_TYPES = ("qwen2", "qwen3", "llama", "qwen2_vl", "qwen2_5_vl", "qwen3_moe", "qwen2_moe", "mixtral")
+"""The model types whose decoder layers the lean loop drives (lean.py; a VLM's language model; the
+MoE ones record their routing for replay, models/moe.py)."""
 
 
 def lean_drives(config: dict) -> bool:

@@ -29,8 +29,14 @@ parameters, LoRA layers included, are used: nothing to copy or sync), with:
   keeping the old cache would make those log-probs a mix of two policies (image prompts: the
   re-prefill takes the prompt's image features and M-RoPE positions, workers/rollout/vlm.py).
   `token_versions` (B, T) records the version that sampled each token.
+- MoE policies (Qwen3-MoE, Qwen2-MoE, Mixtral: the same layer signature) with routing replay on
+  (actor.router_replay=rollout): the routers' chosen experts of every forward (prefill, each
+  step, a partial rollout's re-prefill, which overwrites the rows' earlier positions with the
+  new weights' choice) placed at their (row, column) in `routed_experts` (B, P+T, layers, k)
+  (models/moe.py); a position no forward read (a row's last token and the padding after it) stays
+  unrouted.
 Qwen2 / Qwen3 / Llama configs with full attention only (their decoder layers share one call
-signature), and Qwen2-VL's language model (image prompts: the prefill takes the prompt's
+signature), the MoE ones above, and Qwen2-VL's language model (image prompts: the prefill takes the prompt's
 embeddings with the image features and M-RoPE positions, workers/rollout/vlm.py); other
 architectures fall back to HFRollout's generate(). Same Batch as HFRollout.
 
@@ -46,6 +52,7 @@ import torch
 
 from reinforge.algos.logprobs import filter_active, sampling_filter_, sampling_log_probs
 from reinforge.models.forward import unwrap_peft
+from reinforge.models.moe import routing_of, unrouted
 from reinforge.workers.rollout.base import LEAN_MODEL_TYPES, RolloutCapabilities
 from reinforge.workers.rollout.decode_weights import DTYPES, cast_weights
 from reinforge.workers.rollout.hf import HFRollout
@@ -172,6 +179,7 @@ class LeanRollout(HFRollout):
         """Reorder the linear weights once per generation where that pays (packed_linears.py);
         False: every layer's own forward (a test's reference)."""
         self._partial = None  # during a partial generation: [refresh, current version, token_versions parts]
+        self._route_parts = None  # while a generation records MoE routing: each chunk's (b, P+T, layers, k)
 
     @property
     def supports_refresh(self) -> bool:
@@ -183,6 +191,17 @@ class LeanRollout(HFRollout):
                  version: int = 0):
         """HFRollout.generate; with `refresh` (behaviour.Refresh) a partial rollout starting at
         `version`, adding token_versions (B, T) int64 (beyond a row's end: its last version)."""
+        routing = routing_of(self.model)
+        self._route_parts = [] if self.lean and routing is not None and routing.replay_enabled else None
+        try:
+            batch = self._generate(prompts, n, temperature, greedy, refresh, version)
+        finally:
+            parts, self._route_parts = self._route_parts, None
+        if parts:
+            batch["routed_experts"] = torch.cat(parts)
+        return batch
+
+    def _generate(self, prompts, n, temperature, greedy, refresh, version):
         if refresh is None:
             return super().generate(prompts, n=n, temperature=temperature, greedy=greedy)
         if not self.supports_refresh:
@@ -258,12 +277,17 @@ class LeanRollout(HFRollout):
         inner, backbone = self._parts()
         head, was_training = inner.get_output_embeddings(), self.model.training
         device, dtype = backbone.embed_tokens.weight.device, backbone.embed_tokens.weight.dtype
+        routing = routing_of(self.model)
+        if routing is not None:  # record for generate(); never a replay left set by another forward
+            routing.select("record" if self._route_parts is not None else None)
         self.model.eval()
         try:
             return self._decode(backbone, head, prompt_ids.to(device), prompt_mask.to(device).bool(), n, greedy,
                                 sampling, dtype, T or self.T, stop, vision)
         finally:
             self.model.train(was_training)
+            if routing is not None:
+                routing.clear()
 
     def _prefill(self, backbone, head, ids, pmask, mask, cache, vision=None):
         """The prompts' forward -> (last logits (B0, V), each row's next position (B0,)). Text:
@@ -296,6 +320,10 @@ class LeanRollout(HFRollout):
         cache, keys, logits = cache.rows(rep), keys[rep], logits[rep]
         next_pos = next_pos[rep]  # (B,) position of the first response token
         B = B0 * n
+        rec = routing_of(self.model) if self._route_parts is not None else None
+        if rec is not None:  # (B, S, layers, k): the prompts' routing, shared by their n rows
+            routes = torch.full((B, S, rec.layers, rec.top_k), unrouted(rec.dtype), dtype=rec.dtype, device=dev)
+            routes[:, :P] = rec.take_recorded(B0, P)[rep]
         resp = torch.full((B, T), self.tok.pad_token_id, dtype=torch.long, device=dev)
         logps = torch.zeros(B, T, device=dev)
         rows = torch.arange(B, device=dev)  # the output row of each row still decoding
@@ -311,6 +339,8 @@ class LeanRollout(HFRollout):
                 cache, logits = self._prefill_again(backbone, head, ids[rep[rows]], resp[rows, :t],
                                                     keys[:, :P + t], dtype, S,
                                                     None if vision is None else [vision[i] for i in rep[rows].tolist()])
+                if rec is not None:  # the new weights' routing of everything the rows have so far
+                    routes[rows, :P + t] = rec.take_recorded(len(rows), P + t)
             if versions is not None:
                 versions[rows.cpu(), t] = partial[1]
             tok, lp = self._pick(logits, greedy, sampling, work)
@@ -329,8 +359,12 @@ class LeanRollout(HFRollout):
                     cache, keys, rows, tok, next_pos = cache.rows(keep), keys[keep], rows[keep], tok[keep], next_pos[keep]
             logits = self._forward(backbone, head, tok[:, None], (next_pos + t)[:, None],
                                    keys[:, None, None, :P + t + 1], cache, out=buf)
+            if rec is not None:  # token t of each row still decoding sits at column P + t
+                routes[rows, P + t] = rec.take_recorded(len(rows), 1)[:, 0]
         if versions is not None:
             partial[2].append(versions)
+        if rec is not None:
+            self._route_parts.append(routes.cpu())
         return resp.cpu(), logps.cpu()
 
     def _prefill_again(self, backbone, head, prompt_ids, generated, keys, dtype, S, vision=None):
