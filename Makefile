@@ -17,7 +17,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 demo: install
-	$(VENV)/bin/reinforge demo
+	$(VENV)/bin/reinforge demo --task chain_sum
 
 test: install
 	$(PY) -m pytest -x tests

@@ -36,7 +36,10 @@ CHECKOUT = [p.name for p in (ROOT / "examples", ROOT / "scripts") if p.is_dir()]
 
 # (document, start of the command): why it is checked but not run.
 SKIP = {
-    ("README.md", "make demo"): "minutes of training; tests/test_demo.py runs `reinforge demo --quick`",
+    ("README.md", "make demo"): "minutes of training; tests/test_demo_chain_sum.py runs `reinforge demo --task "
+                                "chain_sum --quick`",
+    ("README.md", "reinforge demo --task addition"): "minutes of training; tests/test_demo.py runs `reinforge demo "
+                                                     "--quick`",
     ("README.md", "make test"): "the test suite itself",
     ("README.md", "reinforge demo --task calculator"): "minutes of training; docs/agents.md runs its stages with tiny steps",
     **{("models_and_data.md", start): "the full SmolLM2 / Gemma pipeline, minutes a stage on 2 cores; "

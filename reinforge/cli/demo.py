@@ -15,8 +15,9 @@ rollout, a small load-balancing loss); the stages and presets are the same.
 
 `--seed K` changes everything random (stage_seeds): the task data (which prompts are SFT, RL and
 held-out test prompts), the model's init, and the SFT and RL runs' seeds (example order, prompt
-order, sampling). Seed 0 is `make demo`. Each run replaces the previous demo run in its out dir
-(files rewritten, trainers' fit(overwrite=True)), so `make demo` can be repeated.
+order, sampling). `reinforge demo --task addition` is this demo too (`make demo` runs the chain_sum
+demo). Each run replaces the previous demo run in its out dir (files rewritten, trainers'
+fit(overwrite=True)), so the demo can be repeated.
 """
 from __future__ import annotations
 

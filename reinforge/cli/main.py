@@ -348,9 +348,10 @@ def build_parser() -> argparse.ArgumentParser:
                    "runs/demo_chain_sum[_seed<K>] for --task chain_sum, runs/demo_calculator[_seed<K>] for "
                    "--task calculator, runs/demo_count_shapes[_text_only][_seed<K>] "
                    "for --task count_shapes")
-    p.add_argument("--task", choices=["arithmetic", "chain_sum", "calculator", "count_shapes"], default="arithmetic",
-                   help="arithmetic: 2-digit addition (make demo); chain_sum: SmolLM2-135M-Instruct on "
-                        "reasoning-gym's chain_sum, SFT warm start then GRPO (docs/demo.md); "
+    p.add_argument("--task", choices=["arithmetic", "addition", "chain_sum", "calculator", "count_shapes"],
+                   default="arithmetic",
+                   help="arithmetic (or addition): the toy 2-digit addition demo; chain_sum (make demo): "
+                        "SmolLM2-135M-Instruct on reasoning-gym's chain_sum, SFT warm start then GRPO (docs/demo.md); "
                         "calculator: 3-digit x 2-digit products "
                         "with the calculator tool (docs/agents.md); count_shapes: a tiny vision-language "
                         "model counts red shapes in pictures (docs/demo.md)")
