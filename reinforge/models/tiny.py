@@ -30,9 +30,15 @@ def make_tiny_model(tokenizer, out_dir: str | None = None, *, seed: int = 0, **c
     config = tiny_qwen2_config(len(tokenizer), pad_token_id=tokenizer.pad_token_id,
                                eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id,
                                **config_kwargs)
+    return _init_and_save(lambda: Qwen2ForCausalLM(config), tokenizer, out_dir, seed)
+
+
+def _init_and_save(build, tokenizer, out_dir: str | None, seed: int):
+    """build() under torch seed `seed` (the caller's RNG untouched), its generation config given the
+    tokenizer's pad / eos ids, saved with the tokenizer when `out_dir` is given."""
     with torch.random.fork_rng():
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(config)
+        model = build()
     model.generation_config.pad_token_id = tokenizer.pad_token_id
     model.generation_config.eos_token_id = tokenizer.eos_token_id
     if out_dir is not None:
@@ -82,13 +88,5 @@ def make_tiny_moe_model(tokenizer, out_dir: str | None = None, *, family: str = 
 
     config = tiny_moe_config(len(tokenizer), family, pad_token_id=tokenizer.pad_token_id,
                              eos_token_id=tokenizer.eos_token_id, bos_token_id=tokenizer.bos_token_id, **config_kwargs)
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    model.generation_config.pad_token_id = tokenizer.pad_token_id
-    model.generation_config.eos_token_id = tokenizer.eos_token_id
-    if out_dir is not None:
-        Path(out_dir).mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(out_dir)
-        tokenizer.save_pretrained(out_dir)
-    return model
+    return _init_and_save(lambda: AutoModelForCausalLM.from_config(config, dtype=torch.float32), tokenizer, out_dir,
+                          seed)
