@@ -146,7 +146,7 @@ def pairs(sft, rg, tmp_path_factory) -> Path:
     _, run = sft
     out = tmp_path_factory.mktemp("pairs")
     assert main(["data", "pairs", "--model", str(run / "hf"), "--data", rg["train"], "--reward", "reasoning_gym",
-                 "--n", "4", "--max-samples", "8", "--max-prompt-length", "96", "--max-response-length", "12",
+                 "--n", "8", "--max-samples", "16", "--max-prompt-length", "96", "--max-response-length", "12",
                  "--out", str(out)]) == 0
     return out
 
@@ -156,7 +156,7 @@ def test_pairs_are_ranked_by_the_reasoning_gym_scorer(pairs, rg):
 
     prefs = pd.read_parquet(pairs / "prefs.parquet")
     summary = json.loads((pairs / "pairs.json").read_text())
-    assert len(prefs) >= 1 and summary["pairs"] == len(prefs) and summary["samples"] == 32
+    assert len(prefs) >= 1 and summary["pairs"] == len(prefs) and summary["samples"] == 128
     rows = {r["extra_info"]["index"]: r for r in pd.read_parquet(rg["train"]).to_dict("records")}
     by_prompt = {}
     for r in rows.values():
