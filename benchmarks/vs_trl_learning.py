@@ -114,10 +114,9 @@ def one_seed(args, work: Path, seed: int, model: str) -> dict:
     from reinforge.data.text import render_prompt
     from reinforge.models.loading import load_tokenizer
 
-    # held-out questions that also occur in train are dropped (data/reasoning_gym.py): draw a third
-    # more, and evaluate the first n_test of those kept
+    # the held-out questions are drawn first, every one kept; train asks none of them (data/reasoning_gym.py)
     d = make_reasoning_gym_data(TASK, str(work / f"data{seed}"), n_train=args.steps * args.prompts,
-                                n_test=args.n_test * 4 // 3, seed=seed, options=RG_OPTIONS)
+                                n_test=args.n_test, seed=seed, options=RG_OPTIONS)
     tok = load_tokenizer(model)
     prompt_len = max(len(tok(render_prompt(r["prompt"], tok, path, i, "prompt"))["input_ids"])
                      for path in (d["train"], d["test"]) for i, r in enumerate(load_rows(path)))
