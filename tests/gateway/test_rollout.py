@@ -39,12 +39,18 @@ def make(engine, agent, **kw):
     return GatewayRollout(eng, tok, agent, parser=get_parser("tag"), **kw), tok
 
 
-def test_batch_is_token_exact(engine):
-    ro, tok = make(engine, digits)
+def rollout_batch(engine, agent, n: int, **kw):
+    """One `generate` (n per prompt, T=1) of a GatewayRollout around `agent` over the default
+    prompts, the rollout closed after it -> (batch, tokenizer)."""
+    ro, tok = make(engine, agent, **kw)
     try:
-        b = ro.generate(prompts(tok), n=2, temperature=1.0)
+        return ro.generate(prompts(tok), n=n, temperature=1.0), tok
     finally:
         ro.close()
+
+
+def test_batch_is_token_exact(engine):
+    b, tok = rollout_batch(engine, digits, 2)
     assert len(b) == 6 and b["group_ids"].tolist() == [10, 10, 11, 11, 12, 12]
     assert b["responses"].shape == (6, 12) and b["prompts"].shape == (6, 32)
     for i in range(6):
@@ -78,11 +84,7 @@ def test_trainer_recomputation_matches(engine):
     from reinforge.config.schema import ModelConfig
     from reinforge.workers.reference import ReferenceWorker
 
-    ro, tok = make(engine, two_turns)
-    try:
-        b = ro.generate(prompts(tok), n=1, temperature=1.0)
-    finally:
-        ro.close()
+    b, tok = rollout_batch(engine, two_turns, 1)
     assert len(b) == 3
     for i in range(3):  # sampled, then the harness's "+1=" (masked), then sampled again
         m = b["response_mask"][i].tolist()
@@ -101,11 +103,7 @@ def test_trainer_recomputation_matches(engine):
 @pytest.mark.parametrize("agent,dropped", [(raises, "dropped_raised"), (never_calls, "dropped_no_calls"),
                                            (bad_return, "dropped_bad_return")])
 def test_faulty_agents_are_dropped_and_counted(engine, agent, dropped):
-    ro, tok = make(engine, agent)
-    try:
-        b = ro.generate(prompts(tok), n=2)
-    finally:
-        ro.close()
+    b, tok = rollout_batch(engine, agent, 2)
     g = b["trajectory"][0]["gateway"]
     assert len(b) == 6 and g["runs"] == 6.0
     bad = [0, 1] if agent is raises else list(range(6))  # raises: on the first prompt's runs only
@@ -156,11 +154,7 @@ def test_async_agent_and_64_concurrent(engine):
 
 @pytest.mark.parametrize("rule,rows", [("split", 6), ("drop", 3)])
 def test_edited_history_rule(engine, rule, rows):
-    ro, tok = make(engine, edits_history, history=rule)
-    try:
-        b = ro.generate(prompts(tok), n=1)
-    finally:
-        ro.close()
+    b, tok = rollout_batch(engine, edits_history, 1, history=rule)
     assert len(b) == rows and b["trajectory"][0]["gateway"]["edited_calls"] == 3.0
     if rule == "split":  # the rows of the second calls first, then the first calls' sequences
         assert b["group_ids"].tolist() == [10, 11, 12, 10, 11, 12]

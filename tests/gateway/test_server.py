@@ -2,6 +2,7 @@
 chat template and the engine, tool calls through `tools=`, OpenAI-style errors (gateway/server.py)."""
 from __future__ import annotations
 
+import contextlib
 import json
 import urllib.error
 import urllib.request
@@ -19,6 +20,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 CALC = {"type": "function", "function": {"name": "calculator", "description": "evaluates arithmetic",
                                          "parameters": {"type": "object", "properties": {"expression": {"type": "string"}},
                                                         "required": ["expression"]}}}
+
+
+@contextlib.contextmanager
+def scripted_gateway(engine, tok, parser: str):
+    """A started Gateway over `engine` (a ScriptedEngine) with tool-call parser `parser`, closed after."""
+    gw = Gateway(engine, tok, get_parser(parser), api_key="secret")
+    gw.start()
+    try:
+        yield gw
+    finally:
+        gw.close()
 
 
 @pytest.fixture(scope="module")
@@ -80,9 +92,7 @@ def test_tool_calls_through_tools_make_one_sequence(served):
     enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
     eos = tok.eos_token_id
     scripted = ScriptedEngine(engine, [enc("<calculator>12*3</calculator>"), enc("36") + [eos]])
-    gw2 = Gateway(scripted, tok, get_parser("tag"), api_key="secret")
-    gw2.start()
-    try:
+    with scripted_gateway(scripted, tok, "tag") as gw2:
         gw2.open_rollout("a")
         c = client(gw2, "a")
         msgs = [{"role": "user", "content": "12*3="}]
@@ -95,8 +105,6 @@ def test_tool_calls_through_tools_make_one_sequence(served):
         r2 = c.chat.completions.create(model="policy", messages=msgs, tools=[CALC])
         assert r2.choices[0].message.content == "36" and r2.choices[0].finish_reason == "stop"
         log = gw2.end_rollout("a")
-    finally:
-        gw2.close()
     r = rebuild(log.calls)
     assert (len(r.sequences), r.edited) == (1, 0)
     s = r.sequences[0]
@@ -178,9 +186,7 @@ def test_hermes_tool_calls_on_a_chatml_template(real_qwen_dir):
     call = enc('<tool_call>\n{"name": "calculator", "arguments": {"expression": "12*3"}}\n</tool_call>') + [im_end]
     answer = enc("It is 36.") + [im_end]
     scripted = ScriptedEngine(engine, [call, answer])
-    gw = Gateway(scripted, tok, get_parser("hermes"), api_key="secret")
-    gw.start()
-    try:
+    with scripted_gateway(scripted, tok, "hermes") as gw:
         gw.open_rollout("h")
         c = client(gw, "h")
         msgs = [{"role": "user", "content": "What is 12*3?"}]
@@ -191,8 +197,6 @@ def test_hermes_tool_calls_on_a_chatml_template(real_qwen_dir):
         r2 = c.chat.completions.create(model="policy", messages=msgs, tools=[CALC])
         assert r2.choices[0].message.content == "It is 36."
         log = gw.end_rollout("h")
-    finally:
-        gw.close()
     first = tok.apply_chat_template([{"role": "user", "content": "What is 12*3?"}], tools=[CALC],
                                     add_generation_prompt=True, tokenize=True, return_dict=True)["input_ids"]
     assert list(log.calls[0].prompt_ids) == first
