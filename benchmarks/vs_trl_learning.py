@@ -5,6 +5,7 @@ by one evaluator.
     make trl-venv                      # TRL 1.16 + reasoning-gym in .venv-trl (or REINFORGE_TRL_PYTHON=...)
     python benchmarks/vs_trl_learning.py [--seeds 0 1] [--steps 8] [--prompts 4] [--n 8] [--tokens 32]
                                          [--n-test 200] [--threads 1] [--sequential]
+                                         [--set actor.use_kl_loss=false ...]
 
 Per seed: `reinforge data reasoning-gym chain_sum` (2-3 terms of 1-2 digits) with that seed,
 steps x prompts training prompts (each side sees every prompt once: equal samples, steps x
@@ -83,7 +84,7 @@ def reinforge_cmd(args, train: str, prompt_len: int, run_dir: Path, seed: int) -
             f"data.max_prompt_length={prompt_len}", f"rollout.max_response_length={args.tokens}",
             f"data.train_batch_size={args.prompts}", f"rollout.n={args.n}", f"trainer.total_steps={args.steps}",
             f"trainer.seed={seed}", f"trainer.run_dir={run_dir}", "trainer.loggers=[jsonl]",
-            "trainer.progress=false", "trainer.report=false"]
+            "trainer.progress=false", "trainer.report=false", *args.set]
 
 
 def trl_cmd(args, model: str, train: str, out: Path, seed: int) -> list[str]:
@@ -157,6 +158,8 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1, help="OMP_NUM_THREADS of each training process")
     ap.add_argument("--eval-threads", type=int, default=1)
     ap.add_argument("--sequential", action="store_true", help="train one side after the other")
+    ap.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                    help="extra keys for reinforge's run, e.g. actor.use_kl_loss=false (TRL's default beta=0)")
     args = ap.parse_args()
     if not TRL_PY.exists():
         raise SystemExit(f"{TRL_PY} not found: build TRL's venv first with `make trl-venv`")
@@ -166,7 +169,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="vs_trl_learning_"))
     print(f"SmolLM2-135M-Instruct, reasoning-gym {TASK} {RG_OPTIONS}: {args.steps} steps x {args.prompts} prompts x "
           f"{args.n} samples, <= {args.tokens} new tokens, lr {LR}, {args.threads} thread(s) per training process"
-          f"{', sequential' if args.sequential else ', both sides at once'}; greedy held-out accuracy on "
+          f"{', sequential' if args.sequential else ', both sides at once'}"
+          f"{'; reinforge keys ' + ' '.join(args.set) if args.set else ''}; greedy held-out accuracy on "
           f"{args.n_test} prompts by `reinforge eval`; work dir {work}; load average {os.getloadavg()[0]:.1f}",
           flush=True)
     rows = {}
