@@ -88,14 +88,14 @@ def run_sft(out: Path, paths: dict, seed: int, extra: list[str], preset: str = "
 
 
 def run_rl(out: Path, base: Path, paths: dict, seed: int, extra: list[str],
-           preset: str = "demo_grpo") -> tuple[dict, dict]:
-    """GRPO from `base` (presets/<preset>.yaml + `extra` overrides) in out/grpo; returns
+           preset: str = "demo_grpo", name: str = "grpo") -> tuple[dict, dict]:
+    """GRPO from `base` (presets/<preset>.yaml + `extra` overrides) in out/<name>; returns
     (validation metrics at step 0 = the base, final metrics)."""
     from reinforge.config.load import load_config
     from reinforge.config.schema import RLConfig
     from reinforge.trainers.rl import RLTrainer
 
-    run_dir = out / "grpo"
+    run_dir = out / name
     overrides = [f"model.path={base}", f"data.train_files=[{paths['train']}]", f"data.val_files=[{paths['test']}]",
                  f"trainer.run_dir={run_dir}", *trainer_seeds(seed)]
     cfg = load_config(RLConfig, preset, overrides + extra)
@@ -130,6 +130,8 @@ def main(args) -> int:
             from reinforge.cli.demo_chain_sum import run_chain_sum_demo
 
             return run_chain_sum_demo(args, _threads())
+        if getattr(args, "agent", None) and getattr(args, "task", "arithmetic") != "calculator":
+            raise SystemExit("reinforge demo: --agent trains the calculator task's agent (--task calculator)")
         if getattr(args, "task", "arithmetic") == "calculator":
             from reinforge.cli.demo_calculator import run_calculator_demo
 

@@ -10,6 +10,10 @@ a tool, on a 2-core CPU (issue 13; docs/agents.md).
                  the tool on 64 training prompts (not the held-out ones) reaches 40%
     5. rl        GRPO with the calculator tool (presets/demo_calculator_grpo.yaml), validated on
                  the held-out prompts before its first step (= the base, with the tool) and after
+    6. agent     with `--agent path.py:run` (e.g. examples/calculator_agent.py:run): the same GRPO
+                 from the same base, the episodes played by that OpenAI-client agent through the
+                 model gateway instead of the built-in agent loop (rollout.agent; its tools, turns
+                 and reward are the agent's), equal samples; the table gains its column
 
 The base is deliberately partial (it has not yet learned to copy every operand and result) so
 that RL has room. SFT learns the call abruptly (seed 0: 0.5% at 90 steps, 62.5% at 100, 90.5% at
@@ -29,6 +33,8 @@ TASK = {"task": "calculator", "n_train": 2000, "n_test": 200, "n_sft": 2000}
 QUICK_TASK = {"n_train": 32, "n_test": 8, "n_sft": 64}
 QUICK_SFT = ["trainer.total_steps=3", "optim.warmup_steps=0", "eval.max_samples=8", "eval.n=2", "eval.pass_k=[1,2]"]
 BASE_STEPS, BASE_TARGET, DEV_PROMPTS = range(80, 141, 5), 0.4, 64
+# the built-in loop's tools, turns and reward handed to the user's agent (docs/agents.md)
+AGENT_KEYS = ["rollout.max_turns=1", "rollout.tools=[]", "reward.functions=[]"]
 QUICK_RL = ["trainer.total_steps=2", "data.train_batch_size=4", "rollout.n=4", "rollout.val_n=2",
             "trainer.pass_k=[1,2]", "data.max_val_samples=8"]
 
@@ -111,6 +117,8 @@ def pick_base(out: Path, paths: dict, seed: int) -> tuple[Path, list[tuple[int, 
 
 def format_table(report: dict) -> str:
     cols = {"no tools": report["no_tools"], "SFT + tool": report["base"], "GRPO + tool": report["rl"]}
+    if report.get("agent"):
+        cols["GRPO + agent"] = report["agent"]["rl"]
     lines = [f"{'held-out (greedy/sampled)':<26}" + "".join(f"{c:>13}" for c in cols)]
     for key in ("acc_greedy", "acc_sampled"):
         lines.append(f"{key:<26}" + "".join(f"{m[key]:>13.3f}" if key in m else f"{'-':>13}" for m in cols.values()))
@@ -120,6 +128,11 @@ def format_table(report: dict) -> str:
 
 
 def run_calculator_demo(args, threads: int) -> int:
+    args.agent = getattr(args, "agent", None)
+    if args.agent:  # a wrong path or name fails now, not after minutes of SFT
+        from reinforge.gateway.rollout import load_agent
+
+        load_agent(args.agent)
     out = Path(args.out or ("runs/demo_calculator" if args.seed == 0 else f"runs/demo_calculator_seed{args.seed}"))
     out.mkdir(parents=True, exist_ok=True)
     times: dict[str, float] = {}
@@ -138,16 +151,30 @@ def run_calculator_demo(args, threads: int) -> int:
     t = time.perf_counter()
     before, final = run_rl(out, base, paths, args.seed, QUICK_RL if args.quick else [], preset="demo_calculator_grpo")
     times["grpo"] = time.perf_counter() - t
+    agent = None
+    if args.agent:
+        t = time.perf_counter()
+        agent_before, agent_final = run_rl(out, base, paths, args.seed, [f"rollout.agent={args.agent}", *AGENT_KEYS]
+                                           + (QUICK_RL if args.quick else []), preset="demo_calculator_grpo",
+                                           name="grpo_agent")
+        times["grpo (agent)"] = time.perf_counter() - t
+        agent = {"spec": args.agent, "base": val_metrics(agent_before), "rl": val_metrics(agent_final),
+                 "rl_run_dir": str(out / "grpo_agent")}
+        agent["delta_acc_greedy"] = agent["rl"]["acc_greedy"] - agent["base"]["acc_greedy"]
     times["total"] = time.perf_counter() - t_all
     report = {"task": task, "seed": args.seed, "quick": args.quick, "torch_threads": threads, "no_tools": no_tools,
               "base": val_metrics(before), "rl": val_metrics(final), "time_s": times, "base_model": str(base),
               "base_selection": [{"sft_step": s, "dev_acc_greedy": a} for s, a in tried],
-              "rl_run_dir": str(out / "grpo")}
+              "rl_run_dir": str(out / "grpo"), "agent": agent}
     report["delta_acc_greedy"] = report["rl"]["acc_greedy"] - report["base"]["acc_greedy"]
     (out / "demo_report.json").write_text(json.dumps(report, indent=2))
     print("\n" + format_table(report))
     print(f"\nheld-out greedy accuracy (seed {args.seed}): no tools {no_tools['acc_greedy']:.1%}, SFT + tool "
           f"{report['base']['acc_greedy']:.1%} -> GRPO + tool {report['rl']['acc_greedy']:.1%} "
           f"({report['delta_acc_greedy'] * 100:+.1f} points)")
+    if agent:
+        print(f"the same GRPO with your agent ({args.agent}) through the model gateway: "
+              f"{agent['base']['acc_greedy']:.1%} -> {agent['rl']['acc_greedy']:.1%} "
+              f"({agent['delta_acc_greedy'] * 100:+.1f} points; built-in loop {report['delta_acc_greedy'] * 100:+.1f})")
     print(f"run directory: {out}  (summary: {out / 'demo_report.json'})")
     return 0

@@ -357,6 +357,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "model counts red shapes in pictures (docs/demo.md)")
     p.add_argument("--text-only", action="store_true",
                    help="count_shapes: the control run, every picture blank (must stay at chance)")
+    p.add_argument("--agent", default=None, metavar="PATH.py:FUNCTION",
+                   help="calculator: also run the GRPO stage with this OpenAI-client agent through the model "
+                        "gateway (e.g. examples/calculator_agent.py:run; docs/agents.md), beside the built-in loop")
     p.add_argument("--moe", action="store_true",
                    help="arithmetic: a tiny Qwen3-MoE policy (8 experts, top-2) with rollout routing replay "
                         "(docs/models_and_data.md, Mixture of experts); default out runs/demo_moe[_seed<K>]")

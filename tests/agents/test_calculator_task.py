@@ -105,3 +105,28 @@ def test_calculator_demo_base_from_checkpoint(tmp_path):
     for name, p in early.state_dict().items():
         assert torch.equal(loaded.state_dict()[name], p), name
     assert AutoTokenizer.from_pretrained(out).convert_tokens_to_ids("7") == tok.convert_tokens_to_ids("7")
+
+
+def test_calculator_demo_table_with_the_agent_column():
+    from reinforge.cli.demo_calculator import format_table
+
+    report = {"no_tools": {"acc_greedy": 0.0}, "base": {"acc_greedy": 0.5, "acc_sampled": 0.25},
+              "rl": {"acc_greedy": 0.75, "acc_sampled": 0.5}, "time_s": {"total": 1.0},
+              "agent": {"rl": {"acc_greedy": 0.7, "acc_sampled": 0.45}}}
+    table = format_table(report).splitlines()
+    assert table[0].split()[-3:] == ["GRPO", "+", "agent"]
+    assert table[1].split() == ["acc_greedy", "0.000", "0.500", "0.750", "0.700"]
+
+
+def test_demo_agent_refused_before_any_work(tmp_path, capsys):
+    """--agent belongs to the calculator demo; a spec that does not load fails before the SFT."""
+    import pytest
+
+    from reinforge.cli.main import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["demo", "--task", "addition", "--agent", "examples/calculator_agent.py:run", "--out", str(tmp_path)])
+    assert "--task calculator" in str(e.value)
+    rc = main(["demo", "--task", "calculator", "--agent", "examples/nope.py:run", "--out", str(tmp_path / "c")])
+    assert rc != 0 and "rollout.agent" in capsys.readouterr().err
+    assert not (tmp_path / "c").exists()
