@@ -195,8 +195,9 @@ def check_agent_gateway(cfg: RLConfig) -> None:
          "rollout.agent runs its own loop: drop rollout.max_turns / rollout.tools / rollout.env")
     need(r.staleness == 0, f"rollout.agent runs with the synchronous trainer only (got rollout.staleness={r.staleness}); "
                            "set rollout.staleness=0")
-    need(cfg.trainer.backend == "local", "rollout.agent serves the model from this process: trainer.backend=local "
-                                         f"(got {cfg.trainer.backend!r}); Ray rollout workers are not supported")
+    need(cfg.trainer.backend == "local" or r.staleness == 0,
+         "rollout.agent on trainer.backend=ray runs with rollout.staleness=0 (each rank serves its share's agents; "
+         "the asynchronous rollout workers do not serve agents)")
     need(r.backend in ("lean", "hf"), f"rollout.agent continues token prefixes: rollout.backend=lean or hf "
                                       f"(got {r.backend!r})")
     need(not r.ignore_eos, "rollout.agent: EOS ends a model call; set rollout.ignore_eos=false")

@@ -16,7 +16,9 @@ Sampling is seeded per prompt: with a call seed s from the driver, prompt uid u 
 generator seeded with prompt_seed(s, u), so its samples do not depend on which rank draws them
 or on what else is in the batch (lean/hf generate prompt by prompt for it; an engine with
 `per_prompt_seeds`, vLLM, takes a seed per request). Greedy decoding needs no seed. The engine's
-capabilities (workers/rollout/base.py) say which of these paths applies.
+capabilities (workers/rollout/base.py) say which of these paths applies. The gateway
+(rollout.agent) does not seed by prompt: its share runs in one call seeded once, its agents
+against a gateway on the rank's own loopback.
 """
 from __future__ import annotations
 
@@ -60,6 +62,7 @@ class RankEngine:
             return
         if self.dense is not None:
             weights.copy_full(sharded, self.dense)
+            self.rollout.sync_weights(self.dense)  # lean / hf: a no-op; the gateway stamps its next version
         else:
             self.rollout.sync_weights(sharded)  # its weight_items stream the shards' full tensors
         self.version = version
@@ -79,6 +82,10 @@ class RankEngine:
             if seed is None or kwargs.get("greedy"):
                 return self.rollout.generate(prompts, **kwargs)
             seeds = [prompt_seed(seed, int(u)) for u in prompts["uid"]]
+            if not caps.seed_by_prompt:  # the whole share at once, seeded by its first prompt
+                with torch.random.fork_rng():
+                    torch.manual_seed(seeds[0])
+                    return self.rollout.generate(prompts, **kwargs)
             if caps.per_prompt_seeds:
                 return self.rollout.generate(prompts, seeds=seeds, **kwargs)
             parts = []
@@ -90,3 +97,21 @@ class RankEngine:
         finally:
             if caps.sleeps:
                 self.rollout.sleep()
+
+
+def merge_shares(outs: list[Batch], prompts_per_share: list[int], n: int) -> Batch:
+    """The ranks' outputs (one per share, in prompt order) -> one Batch. A share of m prompts
+    returns m * n rows, then any extra rows (the gateway's split sequences, gateway/rollout.py):
+    every share's first m * n rows come first, in prompt order, then the extras, as one engine
+    would return them. Negative group ids (the gateway's dropped runs, each a group of its own)
+    are numbered per rank, so they are renumbered -1, -2, ... over the whole batch."""
+    heads = [o.index(range(m * n)) for o, m in zip(outs, prompts_per_share)]
+    tails = [o.index(range(m * n, len(o))) for o, m in zip(outs, prompts_per_share) if len(o) > m * n]
+    out = Batch.concat(heads + tails)
+    if "group_ids" in out.tensors:
+        gid = out["group_ids"].clone()
+        void = gid < 0
+        gid[void] = -torch.arange(1, int(void.sum()) + 1, dtype=gid.dtype)
+        out["group_ids"] = gid
+    return out
+

@@ -117,12 +117,13 @@ class RayWorkerGroup:
         """Each rank generates a contiguous share of the prompts (all n samples of a prompt on one
         rank, so groups stay whole; shares differ by one prompt at most, a rank may have none);
         the rows come back in the prompts' order."""
-        from reinforge.protocol import Batch
+        from reinforge.distributed.engine import merge_shares
 
         bounds = [len(prompts) * r // self.world for r in range(self.world + 1)]
         parts = [prompts.index(range(a, b)) if b > a else None for a, b in zip(bounds, bounds[1:])]
         outs = self.get([w.generate.remote(p, kwargs, seed, version) for w, p in zip(self.ranks, parts)])
-        return Batch.concat([o for o in outs if o is not None])
+        shares = [(o, b - a) for o, a, b in zip(outs, bounds, bounds[1:]) if o is not None]
+        return merge_shares([o for o, _ in shares], [m for _, m in shares], kwargs.get("n", 1))
 
     def run_same(self, role: str, method: str, batch, **kwargs) -> list:
         """Every rank runs the worker method on the whole `batch` (put in the object store once)."""

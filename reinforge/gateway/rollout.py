@@ -105,7 +105,7 @@ class GatewayRollout(WrappingRollout):
         self.concurrency, self.timeout_s, self.history = concurrency, timeout_s, history
         self.api_key = secrets.token_hex(16)
         self.gateway = Gateway(inner, tokenizer, parser, model_name=model_name, api_key=self.api_key)
-        self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True)
+        self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True, seed_by_prompt=False)
         self._round = 0
         self._void = 0  # dropped runs so far: their rows' group ids are -1, -2, ...
 

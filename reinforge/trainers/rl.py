@@ -119,7 +119,9 @@ class RLTrainer(TrainingLoop):
         # the plan skips this pass for an on-policy update (trainers/plan.py); a frozen actor has no
         # update pass to report entropy from; the optimal token baseline also reads sum pi^2
         token_stats = cfg.algorithm.adv_estimator in NEEDS_TOKEN_STATS
-        if not self.plan.on_policy or self.actor_frozen:
+        # a gateway's extra sequences (rollout.agent_history=split) can grow the batch past the one
+        # mini-batch the plan counted on: that step is not on-policy, and the actor sees old log-probs
+        if not self.plan.on_policy or self.actor_frozen or len(batch) > self.plan.actor_mini_batch_size:
             with self.timer("old_log_prob"):
                 batch = batch | self.actor.log_probs(batch, with_sum_pi_squared=token_stats)
         if self.reference is not None:

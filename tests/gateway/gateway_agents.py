@@ -98,3 +98,18 @@ def bad_return(base_url, api_key, row):
 
 async def slow_async(base_url, api_key, row):
     await asyncio.sleep(3600)
+
+
+def mixed(base_url, api_key, row):
+    """By the prompt (so every run of a group alike): an edited history (two sequences), a raise
+    (a dropped run), or one call."""
+    kind = mixed_kind(row["prompt"])
+    if kind == 0:
+        return edits_history(base_url, api_key, row)
+    if kind == 1:
+        raise RuntimeError("agent bug")
+    return digits(base_url, api_key, row)
+
+
+def mixed_kind(prompt) -> int:
+    return sum(map(ord, json.dumps(prompt))) % 3

@@ -48,6 +48,11 @@ class RolloutCapabilities:
     False: generates with the module it was given, so sync_weights is a no-op."""
     per_prompt_seeds: bool = False
     """generate(..., seeds=[one per prompt]) draws each prompt's samples from its own seed."""
+    seed_by_prompt: bool = True
+    """A Ray rank without per_prompt_seeds may generate its share prompt by prompt, each under its
+    own seed. False: one call for the whole share, seeded once (the gateway: its agents run
+    concurrently and their calls batch by timing, so one prompt's samples depend on the others
+    anyway, and prompt-by-prompt calls would run only n agents at a time)."""
     sleeps: bool = False
     """sleep() / wake_up(tags) free and restore its GPU memory between generations (a Ray rank's
     vLLM): wake_up(["weights"]) before a weight sync, wake_up(["kv_cache"]) after it."""
