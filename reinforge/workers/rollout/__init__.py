@@ -97,8 +97,7 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
                            RolloutCapabilities(async_ok=True)),
     "hf": RolloutBackend(_from_config("reinforge.workers.rollout.hf", "HFRollout"), RolloutCapabilities()),
     "vllm": RolloutBackend(_from_config("reinforge.workers.rollout.vllm", "VLLMRollout"),
-                           RolloutCapabilities(continues=False, own_weights=True, per_prompt_seeds=True,
-                                               sleeps=True),
+                           RolloutCapabilities(own_weights=True, per_prompt_seeds=True, sleeps=True),
                            check_device=check_vllm_available, check_config=check_vllm_config),
 }
 
@@ -141,8 +140,8 @@ def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1,
         _check_lean_drives(model_path, staleness)
     if max_turns > 1 and not caps.continues:
         able = " or ".join(n for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.continues)
-        raise ConfigError(f"rollout.max_turns={max_turns} runs on the {able} backend (scripts/gpu_agent_check.py "
-                          f"drives vLLM); set rollout.backend=lean")
+        raise ConfigError(f"rollout.max_turns={max_turns} runs on the {able} backend (got {name!r}); "
+                          f"set rollout.backend=lean")
     if entry.check_config is not None:
         entry.check_config(temperatures=dict(temperatures or {}), model_path=model_path)
 
