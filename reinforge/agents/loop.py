@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable
 
@@ -155,7 +155,10 @@ class AgentRollout(WrappingRollout):
     # ---- the Rollout protocol: the inner engine's ---------------------------------------------
     @property
     def capabilities(self) -> RolloutCapabilities:
-        return self.inner.capabilities
+        """The inner engine's, less `per_prompt_seeds`: generate takes no seeds here, so a Ray
+        rank seeds torch before each prompt's episodes (distributed/engine.py), which is where
+        the lean loop samples from and where vLLM's continue_ids draws its rows' seeds."""
+        return replace(self.inner.capabilities, per_prompt_seeds=False)
 
     def with_model(self, model) -> "AgentRollout":
         """This loop around the inner engine generating with `model` (tools and scanners shared)."""
