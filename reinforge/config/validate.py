@@ -197,8 +197,6 @@ def check_agent_gateway(cfg: RLConfig) -> None:
                            "set rollout.staleness=0")
     need(cfg.trainer.backend == "local", "rollout.agent serves the model from this process: trainer.backend=local "
                                          f"(got {cfg.trainer.backend!r}); Ray rollout workers are not supported")
-    need(r.backend in ("lean", "hf", "vllm"), f"rollout.agent continues token prefixes: rollout.backend=lean, hf "
-                                              f"or vllm (got {r.backend!r})")
     need(not r.ignore_eos, "rollout.agent: EOS ends a model call; set rollout.ignore_eos=false")
     check_choice(r.agent_history, ("split", "drop"), "rollout.agent_history")
     need(r.agent_concurrency >= 1, f"rollout.agent_concurrency={r.agent_concurrency} must be >= 1")

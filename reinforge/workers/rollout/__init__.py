@@ -122,13 +122,14 @@ def rollout_capabilities(name: str) -> RolloutCapabilities:
     return _entry(name).capabilities
 
 
-def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1,
+def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1, agent: bool = False,
                           temperatures: dict[str, float] | None = None, model_path: str | None = None) -> None:
     """The config rules a backend's capabilities decide, before any model loads: a known name,
     the asynchronous producer (rollout.staleness > 0) only on an `async_ok` backend, the agent
-    loop (rollout.max_turns > 1) only on one that `continues` token prefixes; then the entry's
-    own `check_config` (vLLM: the temperature range, no quantized model) on `temperatures`
-    ({config key: value}) and the model folder."""
+    loop (rollout.max_turns > 1) and the model gateway (`agent`: rollout.agent is set) only on
+    one that `continues` token prefixes; then the entry's own `check_config` (vLLM: the
+    temperature range, no quantized model) on `temperatures` ({config key: value}) and the model
+    folder."""
     from reinforge.config.load import ConfigError
 
     entry = _entry(name)
@@ -138,9 +139,10 @@ def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1,
         raise ConfigError(f"rollout.staleness={staleness} needs {able} (got {name!r}); or set rollout.staleness=0")
     if staleness > 0 and name == "lean":
         _check_lean_drives(model_path, staleness)
-    if max_turns > 1 and not caps.continues:
+    if (max_turns > 1 or agent) and not caps.continues:
         able = " or ".join(n for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.continues)
-        raise ConfigError(f"rollout.max_turns={max_turns} runs on the {able} backend (got {name!r}); "
+        what = "rollout.agent (the model gateway)" if agent else f"rollout.max_turns={max_turns}"
+        raise ConfigError(f"{what} continues token prefixes: it runs on the {able} backend (got {name!r}); "
                           f"set rollout.backend=lean")
     if entry.check_config is not None:
         entry.check_config(temperatures=dict(temperatures or {}), model_path=model_path)
