@@ -246,8 +246,8 @@ class VLLMRollout:
         stop string; vLLM's stop strings are an early exit only: the caller cuts every row at its
         first EOS / stop string itself (HFRollout.continue_ids). A `stop` without those
         attributes is not called (the caller cuts). Sampled rows draw one vLLM seed each from
-        `generator` (None: torch's global RNG, which the run's seed and checkpoints hold), so a
-        row's sample does not depend on the other rows batched with it."""
+        `generator` (None: torch's global RNG, which the run's seed and checkpoints hold): each
+        row samples from its own seeded stream, not one shared with the rows batched with it."""
         window = self.P + self.T
         for ctx in contexts:
             if len(ctx) >= window:
