@@ -4,8 +4,9 @@ token-id prompts with per-row stop strings and budgets, compared with the lean e
 UNTESTED: written without a GPU or vllm (this repository's machines have neither); it follows
 vLLM's documented offline API (`LLM.generate` with `{"prompt_token_ids": ...}` prompts and one
 `SamplingParams` per prompt: `max_tokens`, `stop`, `stop_token_ids`, `logprobs=0`,
-`include_stop_str_in_output`). The trainer does not use this path (rollout.max_turns > 1 needs
-rollout.backend lean or hf); this script is where a vLLM agent engine would be proven first.
+`include_stop_str_in_output`). The trainer's own vLLM path is VLLMRollout.continue_ids
+(workers/rollout/vllm.py, the same calls; tested on the CPU build in tests/vllm_real); this
+script checks the calls on a GPU build without the trainer.
 
     python scripts/gpu_agent_check.py                       # tiny Qwen2 built on the fly
     python scripts/gpu_agent_check.py --model /models/Qwen2.5-0.5B --episodes 64

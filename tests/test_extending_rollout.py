@@ -4,6 +4,7 @@ and used for one RL step on the tiny model through `rollout.backend=naive`."""
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,6 +18,7 @@ from reinforge.workers.rollout.common import assemble_rollout, finish_masks, pad
 from tests.conftest import rl_overrides
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+AGENTS = Path(__file__).parent / "gateway" / "gateway_agents.py"
 
 
 class NaiveRollout:
@@ -122,5 +124,11 @@ def test_the_registry_checks_what_the_backend_declares(naive_backend, tiny_model
 
     with pytest.raises(ConfigError, match="rollout.staleness=1 needs rollout.backend=lean"):
         plan_rl(cfg(**{"rollout.backend": "naive", "rollout.staleness": 1}))
+    # no continue_ids (capabilities.continues False): neither the agent loop nor the model gateway
+    with pytest.raises(ConfigError, match=r"rollout.max_turns=2 continues token prefixes: it runs on the lean or hf "
+                                          r"or vllm backend \(got 'naive'\)"):
+        plan_rl(cfg(**{"rollout.backend": "naive", "rollout.max_turns": 2, "rollout.tools": "[calculator]"}))
+    with pytest.raises(ConfigError, match=r"rollout.agent \(the model gateway\) continues token prefixes"):
+        plan_rl(cfg(**{"rollout.backend": "naive", "rollout.agent": f"{AGENTS}:digits"}))
     with pytest.raises(ConfigError, match=r"rollout.backend='navie' is not known; valid: \['hf', 'lean', 'naive'"):
         plan_rl(cfg(**{"rollout.backend": "navie"}))

@@ -1,7 +1,7 @@
 """The agent rollout (`rollout.max_turns` > 1): multi-turn episodes with tools or an environment.
 
 All episodes of a batch advance together: each turn is one batched generate call over the
-episodes still active (`continue_ids` of the lean / hf engine, each row continuing its own prompt
+episodes still active (`continue_ids` of the lean / hf / vllm engine, each row continuing its own prompt
 plus everything so far, up to the tokens it has left); a turn ends at EOS, at a parser stop
 string (a closed tool call) or at the budget. Then every episode's calls are parsed and all calls
 of the turn run at once (agents.executor), or the environment steps on the turn's text, and the
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import copy
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable
 
@@ -134,7 +134,7 @@ class AgentRollout(WrappingRollout):
     Rollout (workers/rollout/base.py) wrapping one. Its capabilities, `model` and `generator` are
     the inner engine's, so the asynchronous producer and a Ray rank never look inside.
 
-    inner: a Rollout whose capabilities say it `continues` (lean, hf; its continue_ids, P, T,
+    inner: a Rollout whose capabilities say it `continues` (lean, hf, vllm; its continue_ids, P, T,
     eos_ids, top_k, top_p, micro_batch_size);
     tools: {name: Tool} for every row (a row's `tools` column of names replaces it, resolved by
     `resolve_tools`, by default agents.tools.load_tools); env_factory: a no-argument factory of
@@ -155,7 +155,10 @@ class AgentRollout(WrappingRollout):
     # ---- the Rollout protocol: the inner engine's ---------------------------------------------
     @property
     def capabilities(self) -> RolloutCapabilities:
-        return self.inner.capabilities
+        """The inner engine's, less `per_prompt_seeds`: generate takes no seeds here, so a Ray
+        rank seeds torch before each prompt's episodes (distributed/engine.py), which is where
+        the lean loop samples from and where vLLM's continue_ids draws its rows' seeds."""
+        return replace(self.inner.capabilities, per_prompt_seeds=False)
 
     def with_model(self, model) -> "AgentRollout":
         """This loop around the inner engine generating with `model` (tools and scanners shared)."""
@@ -336,7 +339,7 @@ def _load_tools_once(names: tuple) -> dict[str, Tool]:
 
 
 def make_agent_rollout(r, inner, tokenizer) -> AgentRollout:
-    """The AgentRollout of a RolloutConfig around a lean / hf rollout."""
+    """The AgentRollout of a RolloutConfig around a lean / hf / vllm rollout."""
     from reinforge.agents.parsers import get_parser
 
     tools, env = agent_parts(r)

@@ -198,8 +198,6 @@ def check_agent_gateway(cfg: RLConfig) -> None:
     need(cfg.trainer.backend == "local" or r.staleness == 0,
          "rollout.agent on trainer.backend=ray runs with rollout.staleness=0 (each rank serves its share's agents; "
          "the asynchronous rollout workers do not serve agents)")
-    need(r.backend in ("lean", "hf"), f"rollout.agent continues token prefixes: rollout.backend=lean or hf "
-                                      f"(got {r.backend!r})")
     need(not r.ignore_eos, "rollout.agent: EOS ends a model call; set rollout.ignore_eos=false")
     check_choice(r.agent_history, ("split", "drop"), "rollout.agent_history")
     need(r.agent_concurrency >= 1, f"rollout.agent_concurrency={r.agent_concurrency} must be >= 1")

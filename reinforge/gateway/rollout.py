@@ -94,7 +94,7 @@ def parse_result(res) -> tuple[float, dict[str, float]]:
 
 class GatewayRollout(WrappingRollout):
     """A Rollout (workers/rollout/base.py) running user agents against the gateway over `inner`
-    (a lean / hf engine); `model`, `generator` and weight syncs are the inner engine's."""
+    (a lean / hf / vllm engine); `model`, `generator` and weight syncs are the inner engine's."""
 
     def __init__(self, inner, tokenizer, agent, *, parser, concurrency: int = 64, timeout_s: float = 300.0,
                  history: str = "split", model_name: str = "policy"):
@@ -267,7 +267,7 @@ def load_agent(spec: str):
 
 
 def make_gateway_rollout(r, inner, tokenizer) -> GatewayRollout:
-    """The GatewayRollout of a RolloutConfig around a lean / hf rollout."""
+    """The GatewayRollout of a RolloutConfig around a lean / hf / vllm rollout."""
     from reinforge.agents.parsers import get_parser
 
     return GatewayRollout(inner, tokenizer, load_agent(r.agent), parser=get_parser(r.tool_parser),

@@ -90,7 +90,7 @@ def _number(body: dict, key: str, default, lo, hi, kind=float):
 
 
 class Gateway:
-    """The server in a daemon thread. engine: a Rollout that `continues` (lean, hf); parser: the
+    """The server in a daemon thread. engine: a Rollout that `continues` (lean, hf, vllm); parser: the
     run's agents.parsers parser (tag for the character tokenizer, hermes for ChatML templates).
 
     sampling: None honours each request's temperature / top_p (top_k: the engine's); a tuple

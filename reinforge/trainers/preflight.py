@@ -60,7 +60,8 @@ def check_rl_names(cfg) -> None:
 
     check_data_files(cfg.data.train_files, {"data.val_files": cfg.data.val_files})
     r = cfg.rollout
-    check_rollout_backend(r.backend, staleness=r.staleness, max_turns=r.max_turns, model_path=cfg.model.path,
+    check_rollout_backend(r.backend, staleness=r.staleness, max_turns=r.max_turns, agent=bool(r.agent),
+                          model_path=cfg.model.path,
                           temperatures={"rollout.temperature": r.temperature, "rollout.val_temperature": r.val_temperature})
     check_name(cfg.rollout.tool_parser, tuple(PARSERS), "rollout.tool_parser")
     check_name(cfg.data.overlong_prompt, OVERLONG_POLICIES, "data.overlong_prompt")

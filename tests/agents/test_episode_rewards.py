@@ -92,7 +92,6 @@ def test_reward_worker_reads_whole_episodes_and_adds_environment_rewards():
     (["rollout.max_turns=0"], "rollout.max_turns"),
     (["rollout.max_turns=2", "rollout.tool_parser=json"], "rollout.tool_parser"),
     (["rollout.max_turns=2", "rollout.tools=[calculator]", "rollout.env=guess_number"], "set one of them"),
-    (["rollout.max_turns=2", "rollout.backend=vllm"], "rollout.backend=lean"),
     (["rollout.max_turns=2", "rollout.ignore_eos=true"], "rollout.ignore_eos"),
     (["rollout.max_turns=2", "rollout.tools=[calculater]"], "rollout.tools[0]: unknown tool 'calculater'"),
     (["rollout.max_turns=2", "rollout.env=python:nowhere_mod:Env"], "rollout.env: environment"),

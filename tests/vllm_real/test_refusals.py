@@ -32,7 +32,6 @@ def test_the_cpu_build_is_accepted_on_the_cpu_only(vllm_model_dir, arith_data, t
     ({"rollout.staleness": 1}, r"rollout.staleness=1 needs rollout.backend=lean"),
     ({"rollout.staleness": 2, "trainer.backend": "ray", "trainer.rollout_workers": 1},
      r"rollout.staleness=2 needs rollout.backend=lean"),
-    ({"rollout.max_turns": 2}, r"rollout.max_turns=2 runs on the .*backend"),
     ({"rollout.temperature": 2.5}, r"rollout.temperature=2.5 is outside \[0.01, 2.0\]"),
 ])
 def test_paths_vllm_cannot_run_are_refused(extra, match, vllm_model_dir, arith_data, tmp_path):

