@@ -54,6 +54,8 @@ SKIP = {
                      "reinforge eval --model runs/async_grpo/hf", "reinforge eval --model pretrained:gemma3-270m",
                      "reinforge sft --config sft model.path=pretrained:gemma3-270m",
                      "reinforge train --config grpo model.path=runs/gemma_sft/hf")},
+    ("agents.md", "reinforge demo --task calculator --agent"): "two GRPO stages of minutes each; "
+                                                               "tests/agents/test_calculator_task.py checks the option",
     ("distributed.md", "ray start"): "starts a Ray cluster",
     ("distributed.md", "reinforge train"): "needs the Ray cluster of 2 nodes x 8 GPUs started above",
 }

@@ -114,3 +114,25 @@ def test_sliding_window_cache_runs_whole_rows():
         lp1, _ = response_logprobs(model, ids, mask, T, share_prompt=True)
     resp = mask[:, -T:].bool()
     torch.testing.assert_close(lp1[resp], lp0[resp], atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("other_rank_shares", [True, False])
+def test_ranks_agree_on_sharing(monkeypatch, other_rank_shares):
+    """Under a process group every rank must take the same path (FSDP ranks run the same forwards):
+    this rank repeats its prompts; it shares only when the other rank's micro-batch does too."""
+    import torch.distributed as dist
+
+    def all_reduce(t, op=None):  # the other rank's vote: 0 = it shares, 1 = it runs whole rows
+        t += 0 if other_rank_shares else 1
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "all_reduce", all_reduce)
+    model = _qwen2().eval()
+    ids, mask = grouped_batch(n=3)
+    calls = []
+    monkeypatch.setattr(shared_prompt, "_plain_cache", lambda c: calls.append(1) or True)
+    lp_whole, _ = response_logprobs(model, ids, mask, T)
+    lp, _ = response_logprobs(model, ids, mask, T, share_prompt=True)
+    assert bool(calls) == other_rank_shares
+    torch.testing.assert_close(lp, lp_whole, atol=1e-5, rtol=0)

@@ -12,7 +12,8 @@ are those of the whole rows, so log-probs, entropies and gradients agree with
 `forward.response_logprobs` up to float rounding (tests/test_shared_prompt.py, fp32 at 1e-5).
 
 It applies (`prompt_sharing_hidden`, else the whole rows run as before) when:
-- the micro-batch has fewer distinct prompts than rows (rows of one group adjacent or not);
+- the micro-batch has fewer distinct prompts than rows (rows of one group adjacent or not), on
+  every data-parallel rank (`on_every_rank`: FSDP ranks must run the same forwards);
 - the model's cache is a plain DynamicCache of full-attention layers (checked on the prompt
   forward's cache: sliding-window layers, as Gemma 3's, drop their oldest keys, and
   linear-attention layers keep a state, not keys: those models run whole rows);
@@ -55,6 +56,20 @@ def _cache_kwarg(backbone) -> str:
     return "cache" if "cache" in inspect.signature(backbone.forward).parameters else "past_key_values"
 
 
+def on_every_rank(flag: bool, device) -> bool:
+    """`flag` where no process group runs; else True only when it holds on every rank. The ranks
+    of an FSDP model must run the same forwards (each all-gathers the shards, and their backward
+    reduce-scatters): one rank whose micro-batch repeats no prompt (a gateway's split sequences,
+    dropped runs) makes every rank run whole rows, or the ranks' collectives would not line up."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1):
+        return flag
+    t = torch.tensor([0 if flag else 1], dtype=torch.long, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.SUM)
+    return int(t) == 0
+
+
 def _checkpointing(backbone) -> bool:
     return bool(getattr(backbone, "gradient_checkpointing", False)) and backbone.training and torch.is_grad_enabled()
 
@@ -76,7 +91,7 @@ def prompt_sharing_hidden(backbone, response_len: int, *, input_ids: torch.Tenso
     if P < 1 or T < 1 or _checkpointing(backbone):
         return whole_rows()
     first, inv = distinct_prompts(input_ids[:, :P], attention_mask[:, :P])
-    if len(first) == B:  # nothing shared: the whole rows cost the same and need no cache
+    if not on_every_rank(len(first) < B, input_ids.device):  # nothing shared: whole rows cost the same
         return whole_rows()
     prompt = backbone(input_ids=input_ids[first, :P], attention_mask=attention_mask[first, :P],
                       position_ids=position_ids[first, :P], use_cache=True)
