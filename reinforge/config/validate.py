@@ -193,8 +193,13 @@ def check_agent_gateway(cfg: RLConfig) -> None:
         return
     need(r.max_turns == 1 and not r.tools and not r.env,
          "rollout.agent runs its own loop: drop rollout.max_turns / rollout.tools / rollout.env")
-    need(r.staleness == 0, f"rollout.agent runs with the synchronous trainer only (got rollout.staleness={r.staleness}); "
-                           "set rollout.staleness=0")
+    if r.staleness > 0:  # the producer drives the agents on the behaviour copy (trainers/async_rollout.py)
+        need(r.schedule == "timing", "rollout.agent with rollout.staleness > 0: rollout.schedule=timing only (agents "
+                                     "running concurrently make no deterministic schedule); set rollout.schedule=timing")
+        need(not r.partial, "rollout.agent with rollout.staleness > 0: rollout.partial=false (the behaviour weights "
+                            "change between chunks only); set rollout.partial=false")
+        need(r.agent_history == "drop", "rollout.agent with rollout.staleness > 0 keeps one row per run: set "
+                                        "rollout.agent_history=drop (split's extra rows are not queued)")
     need(cfg.trainer.backend == "local", "rollout.agent serves the model from this process: trainer.backend=local "
                                          f"(got {cfg.trainer.backend!r}); Ray rollout workers are not supported")
     need(r.backend in ("lean", "hf"), f"rollout.agent continues token prefixes: rollout.backend=lean or hf "

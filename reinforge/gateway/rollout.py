@@ -28,6 +28,7 @@ round's counts (agents/loop.gateway_metrics logs them as agent/gateway/...).
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import math
 import queue
@@ -105,26 +106,42 @@ class GatewayRollout(WrappingRollout):
         self.concurrency, self.timeout_s, self.history = concurrency, timeout_s, history
         self.api_key = secrets.token_hex(16)
         self.gateway = Gateway(inner, tokenizer, parser, model_name=model_name, api_key=self.api_key)
-        self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True)
+        # async_ok: the asynchronous producer's behaviour copy is this wrapper over the inner
+        # engine's copy (with_model), serving its own gateway
+        self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True,
+                                                async_ok=inner.capabilities.async_ok)
         self._round = 0
         self._void = 0  # dropped runs so far: their rows' group ids are -1, -2, ...
 
     def sync_weights(self, actor_model) -> None:
-        """The inner engine's sync; later calls are stamped with the next weight version."""
+        """The inner engine's sync; later calls are stamped one weight version later (until a
+        generate() names its version: prompts.meta["policy_version"])."""
         super().sync_weights(actor_model)
         self.gateway.version += 1
 
-    def with_model(self, model):
-        raise NotImplementedError("rollout.agent runs with the synchronous trainer only (rollout.staleness=0)")
+    def with_model(self, model) -> "GatewayRollout":
+        """The same agents against a gateway of their own over the inner engine generating with
+        `model` (the asynchronous producer's behaviour copy); the API key is shared."""
+        from reinforge.gateway.server import Gateway
+
+        twin = copy.copy(self)
+        twin.wrap(self.inner.with_model(model))
+        twin.gateway = Gateway(twin.inner, self.tok, self.gateway.parser, model_name=self.gateway.model_name,
+                               api_key=self.api_key)
+        return twin
 
     def close(self) -> None:
         self.gateway.close()
 
     # ---- the rollout ----------------------------------------------------------------------
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
-        """B0 prompt rows -> B0 * n rows, then any extra split sequences (module doc)."""
+        """B0 prompt rows -> B0 * n rows, then any extra split sequences (module doc).
+        prompts.meta["policy_version"], when given, is the version of the weights generating (the
+        trainer's completed steps): every call is stamped with it."""
         if self.gateway.port is None:
             self.gateway.start()
+        if prompts.meta.get("policy_version") is not None:
+            self.gateway.version = int(prompts.meta["policy_version"])
         meta = sampling_meta(temperature, self.inner.top_k, self.inner.top_p, greedy)
         self.gateway.sampling = (meta["temperature"], meta["top_k"], meta["top_p"])
         self.gateway.greedy = greedy
@@ -138,6 +155,9 @@ class GatewayRollout(WrappingRollout):
         counts = {r: 0 for r in DROP_REASONS} | {"edited_calls": 0, "forks": 0, "calls": 0}
         errors_before = self.gateway.counters["errors"]
         logs = self._run_all(runs, counts)
+        if not self.gateway.drain():  # a late call of an abandoned agent must not outlive the round
+            print("[reinforge] rollout.agent: the gateway still generates for ended rollouts after 60 s",
+                  file=sys.stderr)
         primary, extra = [], []  # (run, reward, metrics, sequence or None, call turns)
         for run in runs:
             log = logs[run.rid]

@@ -76,6 +76,8 @@ class Job:
     sampling: tuple[float, int, float]
     stops: list[str]
     future: asyncio.Future
+    log: RolloutLog | None = None
+    """Its rollout's log (None: a call outside rollouts); an ended rollout's job is not generated."""
 
 
 def _number(body: dict, key: str, default, lo, hi, kind=float):
@@ -104,9 +106,13 @@ class Gateway:
         self.sampling, self.greedy, self.window_s = sampling, False, window_s
         self.max_tokens = max_tokens or engine.T
         self.version = 0
+        """The weight version stamped on calls generated from now on (GatewayRollout sets it to
+        the trainer's policy version: completed steps); read when a call's engine batch starts."""
         self.logs: dict[str, RolloutLog] = {}
         self.counters = {"requests": 0, "errors": 0, "overridden": 0, "engine_calls": 0, "rows": 0}
         self.lock = threading.Lock()
+        self._idle = threading.Condition(self.lock)
+        self._inflight = 0  # jobs queued or generating: drain() waits for none
         self.port: int | None = None
         self._loop = self._thread = self._runner = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gateway-engine")
@@ -159,6 +165,24 @@ class Gateway:
         except asyncio.CancelledError:
             pass
         await self._runner.cleanup()
+
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Wait until no job is queued or generating (-> True; False at the timeout). Once every
+        rollout has ended, no new job can start (ended rollouts are refused), so afterwards the
+        engine's weights may change without a late call of an abandoned agent reading them."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _job_done(self, jobs: list[Job]) -> None:
+        with self._idle:
+            self._inflight -= len(jobs)
+            self._idle.notify_all()
 
     def base_url(self, rollout: str | None = None) -> str:
         return f"http://127.0.0.1:{self.port}" + (f"/rollouts/{rollout}" if rollout else "") + "/v1"
@@ -226,14 +250,18 @@ class Gateway:
                 log.requests += 1
             prep = self._prepare(body, log, chat)
             future = asyncio.get_running_loop().create_future()
+            with self.lock:
+                if log is not None and log.ended:
+                    raise GatewayError(409, "the rollout ended while its request was read", code="rollout_not_open")
+                self._inflight += 1
             self._queue.put_nowait(Job([prep["ids"]] * prep["n"], prep["max_new"], prep["greedy"], prep["sampling"],
-                                       prep["stops"], future))
-            rows = await future
+                                       prep["stops"], future, log))
+            rows, version = await future
             if request.transport is None or request.transport.is_closing():  # the client went away
                 if log is not None:
                     log.disconnected += 1
                 return web.Response(status=499)
-            return web.json_response(self._answer(prep, rows, log, chat))
+            return web.json_response(self._answer(prep, rows, version, log, chat))
         except RequestError as e:
             self.counters["errors"] += 1
             return error_response(GatewayError(400, str(e), param=e.param))
@@ -332,8 +360,14 @@ class Gateway:
                 jobs.append(self._queue.get_nowait())
             groups: dict[tuple, list[Job]] = {}
             for j in jobs:
+                if j.log is not None and j.log.ended:  # its agent was abandoned: nobody reads the answer
+                    if not j.future.done():
+                        j.future.set_exception(GatewayError(409, "the rollout ended", code="rollout_not_open"))
+                    self._job_done([j])
+                    continue
                 groups.setdefault((j.greedy, j.sampling), []).append(j)
             for (greedy, sampling), group in groups.items():
+                version = self.version  # the weights that sample this group (they change between rounds only)
                 try:
                     outs = await loop.run_in_executor(self._pool, self._generate, group, greedy, sampling)
                 except Exception as e:  # noqa: BLE001 - every waiting request gets the error
@@ -341,9 +375,11 @@ class Gateway:
                         if not j.future.done():
                             j.future.set_exception(e)
                     continue
+                finally:
+                    self._job_done(group)
                 for j, rows in zip(group, outs):
                     if not j.future.done():
-                        j.future.set_result(rows)
+                        j.future.set_result((rows, version))
 
     def _scanner(self, stops: list[str]):
         from reinforge.agents.loop import StopScanner
@@ -381,8 +417,9 @@ class Gateway:
         return out
 
     # ---- answers -----------------------------------------------------------------------------
-    def _answer(self, prep: dict, rows, log: RolloutLog | None, chat: bool) -> dict:
-        """The OpenAI body; in a rollout, the calls (and chat turns) recorded in its log."""
+    def _answer(self, prep: dict, rows, version: int, log: RolloutLog | None, chat: bool) -> dict:
+        """The OpenAI body; in a rollout, the calls (and chat turns) recorded in its log, each
+        stamped with `version`, the weight version that sampled it."""
         choices, completion_tokens = [], 0
         for i, (ids, logp, finish) in enumerate(rows):
             completion_tokens += len(ids)
@@ -407,7 +444,7 @@ class Gateway:
             if log is not None:
                 with self.lock:
                     if not log.ended:  # an ended rollout's late answer is not part of it
-                        log.calls.append(Call(tuple(prep["ids"]), tuple(ids), tuple(logp), self.version, finish))
+                        log.calls.append(Call(tuple(prep["ids"]), tuple(ids), tuple(logp), version, finish))
                         log.call_turns.append(turn)
                         if turn is not None:
                             log.turns.append(turn)
@@ -419,7 +456,7 @@ class Gateway:
         return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "prompt_token_ids": prep["ids"],
-                "weight_version": self.version,
+                "weight_version": version,
                 "usage": {"prompt_tokens": len(prep["ids"]), "completion_tokens": completion_tokens,
                           "total_tokens": len(prep["ids"]) * len(rows) + completion_tokens}}
 

@@ -226,6 +226,8 @@ class AsyncProducer:
         if self.thread.is_alive():
             print(f"[reinforge] warning: the asynchronous rollout producer did not stop within {STOP_TIMEOUT_S:.0f} s",
                   file=sys.stderr)
+        elif isinstance(self.policy, LocalBehaviour):  # its copy's resources (rollout.agent: a gateway)
+            self.policy.close()
 
     # ---- producer side -----------------------------------------------------------------------
     def _next_start(self) -> Start:

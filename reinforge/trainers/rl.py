@@ -70,6 +70,7 @@ class RLTrainer(TrainingLoop):
     def _rollout_round(self) -> tuple[Batch, RewardResult]:
         items = next(self.loader)
         prompts = prompts_batch(items, self.next_uid)
+        prompts.meta["policy_version"] = self.step_idx - 1  # the weights after step_idx - 1 completed steps
         self.next_uid += len(items)
         with self.timer("gen"):
             batch = self.rollout.generate(prompts, n=self.cfg.rollout.n, temperature=self.cfg.rollout.temperature)
@@ -182,6 +183,7 @@ class RLTrainer(TrainingLoop):
             m = validate(self.rollout, self.reward, self.val_items, n=n,
                          temperature=self.cfg.rollout.val_temperature, pass_k=list(self.cfg.trainer.pass_k),
                          batch_size=self.cfg.data.val_batch_size, sampled=sampled, progress=progress,
+                         policy_version=self.step_idx,
                          samples_path=self.run_dir / "samples" / f"step_{self.step_idx}.jsonl")
         return {**m, **self.timer.pop()}
 
