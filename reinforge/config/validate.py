@@ -198,8 +198,6 @@ def check_agent_gateway(cfg: RLConfig) -> None:
                                      "running concurrently make no deterministic schedule); set rollout.schedule=timing")
         need(not r.partial, "rollout.agent with rollout.staleness > 0: rollout.partial=false (the behaviour weights "
                             "change between chunks only); set rollout.partial=false")
-        need(r.agent_history == "drop", "rollout.agent with rollout.staleness > 0 keeps one row per run: set "
-                                        "rollout.agent_history=drop (split's extra rows are not queued)")
     need(cfg.trainer.backend == "local", "rollout.agent serves the model from this process: trainer.backend=local "
                                          f"(got {cfg.trainer.backend!r}); Ray rollout workers are not supported")
     need(r.backend in ("lean", "hf"), f"rollout.agent continues token prefixes: rollout.backend=lean or hf "

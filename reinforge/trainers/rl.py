@@ -87,7 +87,7 @@ class RLTrainer(TrainingLoop):
                 # behaviour_policy: a BehaviourPolicy set by a distributed setup (None: the local copy)
                 self.producer = async_rollout.start_producer(self, self.behaviour_policy)
             batch, metrics, reward = async_rollout.collect(
-                self.producer, self.reward.score, self.timer, want=want, n=self.cfg.rollout.n,
+                self.producer, self.reward.score, self.timer, want=want,
                 dynamic=a.dynamic_sampling, max_rounds=a.max_gen_rounds if a.dynamic_sampling else 1)
             return batch, {**metrics, **reward.metrics}
         if not a.dynamic_sampling:

@@ -167,7 +167,10 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         c, temperature = self.cfg, batch.meta.get("temperature", 1.0)
         if not self.on_policy and "old_log_probs" not in batch:
             raise ValueError("old_log_probs may be left out only for an on-policy update (one epoch, one mini-batch)")
-        if self.on_policy and not on_policy_update(self.model, c.ppo_epochs, self.mini_batch_size, len(batch)):
+        # on-policy: the plan found a step's batch fits one mini-batch; rows beyond train_batch_size x n
+        # (rollout.agent_history=split's extra sequences) join it, so the one step stays at the rollout weights
+        mini = max(self.mini_batch_size, len(batch)) if self.on_policy else self.mini_batch_size
+        if self.on_policy and not on_policy_update(self.model, c.ppo_epochs, mini, len(batch)):
             raise ValueError("on_policy=True needs an on-policy update (one epoch, one mini-batch, no dropout)")
         tis_metrics = {}
         if not self.on_policy and self.tis_cap is not None and "rollout_log_probs" in batch:
@@ -175,7 +178,7 @@ class ActorWorker(LocalTrainedRole, role="actor"):
                                          self.tis_cap)
             batch = batch | Batch({"tis_weight": w})
         self.model.train()
-        minis = rl_mini_batches(batch, self.mini_batch_size, c.ppo_epochs, c.shuffle, self.gen, self.micro_batch_size,
+        minis = rl_mini_batches(batch, mini, c.ppo_epochs, c.shuffle, self.gen, self.micro_batch_size,
                                 c.max_tokens_per_micro_batch, model_device(self.model),
                                 lambda mini: agg_denominators(_loss_mask(mini).float()),
                                 by_group=share_prompt(self.mcfg, self.model))

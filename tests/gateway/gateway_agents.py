@@ -119,3 +119,10 @@ def two_turns_versioned(base_url, api_key, row):
     return {"reward": float(any(c.isdigit() for c in r2.choices[0].message.content or "")),
             "metrics": {"weight_version": float(r.model_extra["weight_version"]),
                         "version_changed": float(r2.model_extra["weight_version"] != r.model_extra["weight_version"])}}
+
+
+def hangs_on_even(base_url, api_key, row):
+    """Hangs when the answer is even, else digits."""
+    if int(row["ground_truth"]) % 2 == 0:
+        time.sleep(3600)
+    return digits(base_url, api_key, row)

@@ -121,3 +121,44 @@ def _chain(b, i: int, by_ids: dict) -> list:
         ctx = prompt + tuple(resp[:start])
         out.append(by_ids[(ctx, sampled)])
     return out
+
+
+@pytest.mark.parametrize("staleness", [0, 1])
+def test_split_histories_train(tiny_model_dir, arith_data, tmp_path, monkeypatch, staleness):
+    """rollout.agent_history=split: a run whose history was edited gives two rows, both trained
+    with its group (asynchronous: taken with its group from the producer's chunk; the update
+    stays one on-policy mini-batch with the extra rows)."""
+    from reinforge.trainers.rl import RLTrainer as Trainer
+
+    batches = []
+    collect = Trainer.collect_batch
+
+    def spy(self):
+        out = collect(self)
+        batches.append(out[0])
+        return out
+
+    monkeypatch.setattr(Trainer, "collect_batch", spy)
+    extra = {"rollout.staleness": staleness, "rollout.agent": f"{AGENTS}:edits_history", "trainer.total_steps": 2,
+             "trainer.save_every": 100, "rollout.max_response_length": 16, "data.max_prompt_length": 32}
+    RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path, **extra)).fit()
+    steps = _steps(tmp_path)
+    assert sorted(steps) == [1, 2] and [len(b) for b in batches] == [8, 8]  # 2 prompts x 2 runs x 2 sequences
+    for b in batches:
+        ids, counts = torch.unique(b["group_ids"], return_counts=True)
+        assert len(ids) == 2 and counts.tolist() == [4, 4]
+    assert all(r["agent/gateway/edited_calls"] >= 2 and r["agent/gateway/sequences"] >= 8 for r in steps.values())
+
+
+def test_async_runs_past_their_deadline_are_void_rows(tiny_model_dir, arith_data, tmp_path, monkeypatch):
+    _, batches = _record(monkeypatch)
+    extra = {"rollout.staleness": 1, "rollout.agent": f"{AGENTS}:hangs_on_even", "rollout.agent_timeout_s": 1.0,
+             "trainer.total_steps": 2, "trainer.save_every": 100}
+    RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path, **extra)).fit()
+    steps = _steps(tmp_path)
+    assert sorted(steps) == [1, 2]
+    dropped = sum(r["agent/gateway/dropped_timeout"] for r in steps.values())
+    void = sum(int((b["group_ids"] < 0).sum()) for b in batches)
+    assert dropped >= 1 and void >= 1
+    for b in batches:  # a void row trains no token
+        assert int(b["response_mask"][b["group_ids"] < 0].sum()) == 0
