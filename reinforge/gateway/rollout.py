@@ -93,6 +93,10 @@ def parse_result(res) -> tuple[float, dict[str, float]]:
     return float(res), {str(k): float(v) for k, v in metrics.items()}
 
 
+class RolloutInterrupted(Exception):
+    """generate() was interrupted (GatewayRollout.interrupt)."""
+
+
 class GatewayRollout(WrappingRollout):
     """A Rollout (workers/rollout/base.py) running user agents against the gateway over `inner`
     (a lean / hf engine); `model`, `generator` and weight syncs are the inner engine's."""
@@ -111,6 +115,8 @@ class GatewayRollout(WrappingRollout):
         self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True,
                                                 async_ok=inner.capabilities.async_ok)
         self._round = 0
+        self._stop = threading.Event()  # interrupt(): end the round in progress now
+        self._finished: queue.Queue | None = None
         self._void = 0  # dropped runs so far: their rows' group ids are -1, -2, ...
 
     def sync_weights(self, actor_model) -> None:
@@ -128,7 +134,15 @@ class GatewayRollout(WrappingRollout):
         twin.wrap(self.inner.with_model(model))
         twin.gateway = Gateway(twin.inner, self.tok, self.gateway.parser, model_name=self.gateway.model_name,
                                api_key=self.api_key)
+        twin._stop, twin._finished = threading.Event(), None
         return twin
+
+    def interrupt(self) -> None:
+        """End the round in progress now (the asynchronous producer's stop): its runs are ended
+        like a deadline's and generate() raises RolloutInterrupted; later rounds raise it too."""
+        self._stop.set()
+        if self._finished is not None:
+            self._finished.put(None)
 
     def close(self) -> None:
         self.gateway.close()
@@ -202,8 +216,13 @@ class GatewayRollout(WrappingRollout):
     def _run_all(self, runs: list[AgentRun], counts: dict) -> dict:
         """Run every agent (concurrency, deadlines: module doc) -> {rid: its RolloutLog}."""
         finished: queue.Queue = queue.Queue()
+        self._finished = finished
         pending, active, logs = deque(runs), {}, {}
         while pending or active:
+            if self._stop.is_set():
+                for rid in active:
+                    self.gateway.end_rollout(rid)
+                raise RolloutInterrupted("the gateway rollout was interrupted")
             while pending and len(active) < self.concurrency:
                 run = pending.popleft()
                 self.gateway.open_rollout(run.rid, budget=self.T, prompt_limit=self.P)

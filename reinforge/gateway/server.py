@@ -113,6 +113,7 @@ class Gateway:
         self.lock = threading.Lock()
         self._idle = threading.Condition(self.lock)
         self._inflight = 0  # jobs queued or generating: drain() waits for none
+        self._current: list[Job] = []  # the jobs the batcher holds
         self.port: int | None = None
         self._loop = self._thread = self._runner = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gateway-engine")
@@ -164,6 +165,14 @@ class Gateway:
             await self._batcher
         except asyncio.CancelledError:
             pass
+        # requests still waiting (an interrupted round's agents) are answered, so the cleanup
+        # below, which waits for every handler, does not wait for them
+        waiting = list(self._current)
+        while not self._queue.empty():
+            waiting.append(self._queue.get_nowait())
+        for j in waiting:
+            if not j.future.done():
+                j.future.set_exception(GatewayError(503, "the gateway is shutting down", "server_error"))
         await self._runner.cleanup()
 
     def drain(self, timeout: float = 60.0) -> bool:
@@ -354,7 +363,7 @@ class Gateway:
     async def _batch_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            jobs = [await self._queue.get()]
+            jobs = self._current = [await self._queue.get()]
             await asyncio.sleep(self.window_s)
             while not self._queue.empty():
                 jobs.append(self._queue.get_nowait())

@@ -227,12 +227,15 @@ class AsyncProducer:
             return (self.inflight if self.inflight is not None else self._next_start()), chunks
 
     def stop(self) -> None:
-        """Stop after the chunk in progress. A chunk still running after STOP_TIMEOUT_S is left to
+        """Stop after the chunk in progress (a rollout.agent chunk is cut short: its agents are
+        ended, LocalBehaviour.interrupt). A chunk still running after STOP_TIMEOUT_S is left to
         the process's exit (a daemon thread) with a warning, rather than an error that would hide
         the exception the run may be unwinding from."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+        if isinstance(self.policy, LocalBehaviour):  # rollout.agent: hung agents need not hold the stop
+            self.policy.interrupt()
         self.thread.join(STOP_TIMEOUT_S)
         if self.thread.is_alive():
             print(f"[reinforge] warning: the asynchronous rollout producer did not stop within {STOP_TIMEOUT_S:.0f} s",
@@ -340,6 +343,8 @@ class AsyncProducer:
             return
         except BaseException as e:  # handed to the trainer at its next take()
             with self.cond:
+                if self.stopping:  # what stop() cut short (an interrupted rollout.agent round)
+                    return
                 self.error = e
                 self.cond.notify_all()
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -124,5 +125,15 @@ def two_turns_versioned(base_url, api_key, row):
 def hangs_on_even(base_url, api_key, row):
     """Hangs when the answer is even, else digits."""
     if int(row["ground_truth"]) % 2 == 0:
+        time.sleep(3600)
+    return digits(base_url, api_key, row)
+
+
+_RUNS = itertools.count()
+
+
+def hangs_after_four(base_url, api_key, row):
+    """digits for the first four runs of this process's import, then hangs."""
+    if next(_RUNS) >= 4:
         time.sleep(3600)
     return digits(base_url, api_key, row)

@@ -162,3 +162,18 @@ def test_async_runs_past_their_deadline_are_void_rows(tiny_model_dir, arith_data
     assert dropped >= 1 and void >= 1
     for b in batches:  # a void row trains no token
         assert int(b["response_mask"][b["group_ids"] < 0].sum()) == 0
+
+
+def test_stopping_cuts_a_hung_chunk_short(tiny_model_dir, arith_data, tmp_path):
+    """The run ends while the producer's next chunk waits on hung agents (deadline 120 s): the
+    producer's stop ends them at once instead of waiting for their deadline."""
+    import time
+
+    extra = {"rollout.staleness": 1, "rollout.agent": f"{AGENTS}:hangs_after_four", "rollout.agent_timeout_s": 120,
+             "trainer.total_steps": 1, "trainer.save_every": 100}
+    trainer = RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path, **extra))
+    trainer.val_items = []  # the agents validation would run hang too
+    t0 = time.monotonic()
+    trainer.fit()
+    assert time.monotonic() - t0 < 30
+    assert sorted(_steps(tmp_path)) == [1]

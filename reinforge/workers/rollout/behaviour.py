@@ -117,6 +117,13 @@ class LocalBehaviour:
         return batch
 
 
+    def interrupt(self) -> None:
+        """Cut short a generate() in progress on another thread, when the rollout copy can
+        (rollout.agent: its agents' round ends now, and generate() raises)."""
+        interrupt = getattr(self.rollout, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
+
     def close(self) -> None:
         """Close the rollout copy when it holds a resource (rollout.agent: its model gateway)."""
         close = getattr(self.rollout, "close", None)
