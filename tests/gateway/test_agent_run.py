@@ -28,10 +28,8 @@ def _cfg(tiny_model_dir, arith_data, run_dir, **extra) -> RLConfig:
 @pytest.mark.parametrize("extra,match", [
     ({"rollout.agent": f"{AGENTS}:nope"}, "rollout.agent"),
     ({"rollout.agent": "missing_file.py:run"}, "rollout.agent"),
-    ({"rollout.staleness": 1}, "rollout.agent_history=drop"),
-    ({"rollout.staleness": 1, "rollout.agent_history": "drop", "rollout.schedule": "deterministic"},
-     "rollout.schedule=timing"),
-    ({"rollout.staleness": 1, "rollout.agent_history": "drop", "rollout.partial": True}, "rollout.partial=false"),
+    ({"rollout.staleness": 1, "rollout.schedule": "deterministic"}, "rollout.schedule=timing"),
+    ({"rollout.staleness": 1, "rollout.partial": True}, "rollout.partial=false"),
     ({"trainer.backend": "ray"}, "trainer.backend=local"),
     ({"rollout.max_turns": 3, "rollout.tools": "[calculator]"}, "its own loop"),
     ({"rollout.agent_history": "merge"}, "rollout.agent_history"),
