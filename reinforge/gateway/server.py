@@ -4,6 +4,8 @@
     POST /v1/chat/completions         messages, tools, tool_choice (auto | none), n, temperature,
                                       top_p, max_tokens / max_completion_tokens, stop, logprobs
     POST /v1/completions              prompt (a string or token ids), the same sampling fields
+    stream: true on either POST       OpenAI's server-sent event chunks, sent once the answer is
+                                      whole (stream.py)
 
 Each route is served under /rollouts/<id>/ as well (or with the header X-Reinforge-Rollout):
 the call is then captured in that rollout's log (capture.Call per choice, render.Turn for the
@@ -34,6 +36,7 @@ from aiohttp import web
 from reinforge.gateway.capture import Call
 from reinforge.gateway.render import (RequestError, Turn, assistant_message, encode, normalize, prompt_ids,
                                       request_tools)
+from reinforge.gateway.stream import sse_lines, stream_chunks
 
 ROLLOUT_HEADER = "X-Reinforge-Rollout"
 
@@ -240,8 +243,6 @@ class Gateway:
             raise GatewayError(400, "the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise GatewayError(400, "the request body must be a JSON object")
-        if body.get("stream"):
-            raise GatewayError(400, "stream=true is not supported by the reinforge gateway", param="stream")
         return body
 
     async def _chat(self, request):
@@ -270,7 +271,17 @@ class Gateway:
                 if log is not None:
                     log.disconnected += 1
                 return web.Response(status=499)
-            return web.json_response(self._answer(prep, rows, version, log, chat))
+            answer = self._answer(prep, rows, version, log, chat)
+            if not prep["stream"]:
+                return web.json_response(answer)
+            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+            await resp.prepare(request)
+            try:
+                await resp.write(sse_lines(stream_chunks(answer, chat, prep["include_usage"])))
+                await resp.write_eof()
+            except ConnectionError:  # the client left mid-stream: the call is recorded all the same
+                pass
+            return resp
         except RequestError as e:
             self.counters["errors"] += 1
             return error_response(GatewayError(400, str(e), param=e.param))
@@ -301,7 +312,13 @@ class Gateway:
         if not chat and logprobs not in (None, 0, False):  # completions: an int, the alternatives to list
             raise RequestError("logprobs > 0 is not supported: logprobs=0 returns the sampled tokens' log-probs",
                                "logprobs")
-        prep = {"n": n, "stops": list(stops), "user_stops": list(stops),
+        stream, options = body.get("stream") or False, body.get("stream_options") or {}
+        if not isinstance(stream, bool):
+            raise RequestError("stream must be a boolean", "stream")
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+            raise RequestError("stream_options must be an object with a boolean include_usage", "stream_options")
+        prep = {"n": n, "stops": list(stops), "user_stops": list(stops), "stream": stream,
+                "include_usage": bool(options.get("include_usage")),
                 "logprobs": bool(logprobs) if chat else logprobs is not None,
                 "tools": [], "messages": None, "continued": False}
         if chat:
