@@ -36,7 +36,7 @@ from aiohttp import web
 from reinforge.gateway.capture import Call
 from reinforge.gateway.render import (RequestError, Turn, assistant_message, encode, normalize, prompt_ids,
                                       request_tools)
-from reinforge.gateway.stream import sse_lines, stream_chunks
+from reinforge.gateway.stream import send_stream
 
 ROLLOUT_HEADER = "X-Reinforge-Rollout"
 
@@ -272,16 +272,9 @@ class Gateway:
                     log.disconnected += 1
                 return web.Response(status=499)
             answer = self._answer(prep, rows, version, log, chat)
-            if not prep["stream"]:
-                return web.json_response(answer)
-            resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
-            await resp.prepare(request)
-            try:
-                await resp.write(sse_lines(stream_chunks(answer, chat, prep["include_usage"])))
-                await resp.write_eof()
-            except ConnectionError:  # the client left mid-stream: the call is recorded all the same
-                pass
-            return resp
+            if prep["stream"]:
+                return await send_stream(request, answer, chat, prep["include_usage"])
+            return web.json_response(answer)
         except RequestError as e:
             self.counters["errors"] += 1
             return error_response(GatewayError(400, str(e), param=e.param))

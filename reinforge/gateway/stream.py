@@ -39,3 +39,18 @@ def stream_chunks(answer: dict, chat: bool, include_usage: bool) -> list[dict]:
 def sse_lines(chunks: list[dict]) -> bytes:
     """The event-stream body: one `data:` event per chunk, then `data: [DONE]`."""
     return b"".join(f"data: {json.dumps(c)}\n\n".encode() for c in chunks) + b"data: [DONE]\n\n"
+
+
+async def send_stream(request, answer: dict, chat: bool, include_usage: bool):
+    """The aiohttp response streaming `answer` (a client gone mid-stream ends it quietly: the
+    call was recorded when the answer was built)."""
+    from aiohttp import web
+
+    resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+    await resp.prepare(request)
+    try:
+        await resp.write(sse_lines(stream_chunks(answer, chat, include_usage)))
+        await resp.write_eof()
+    except ConnectionError:
+        pass
+    return resp
