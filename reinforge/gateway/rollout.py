@@ -20,7 +20,8 @@ prompt i at row i * n + j, as the built-in rollouts order them:
   `rollout.agent_history`: split, its other sequences become extra rows after the B rows, with
   its reward and group id; drop, the run is dropped.
 The Batch is the agent loop's (agents/loop.py): prompts (rows, P) the first call's prompt ids,
-responses (rows, T) every later id, response_mask 1 on sampled ids only, rollout_log_probs, and
+responses (rows, T) every later id, response_mask 1 on sampled ids only, rollout_log_probs (the
+captured log-probs), token_versions (rows, T: each sampled id's weight-version stamp), and
 a `trajectory` per row whose single turn reward is the agent's reward on the last sampled token
 (what the reward worker scores; reward.functions, when set, add to it) plus `gateway`: the
 round's counts (agents/loop.gateway_metrics logs them as agent/gateway/...).
@@ -256,6 +257,7 @@ class GatewayRollout(WrappingRollout):
         gen = torch.zeros(B, T, dtype=torch.long)
         valid = torch.zeros(B, T, dtype=torch.long)
         logp = torch.zeros(B, T)
+        versions = torch.full((B, T), self.gateway.version, dtype=torch.long)
         truncated = torch.zeros(B, dtype=torch.bool)
         trajectories, prompt_lists = [], []
         src = [run.index for run, *_ in rows_in]
@@ -275,6 +277,7 @@ class GatewayRollout(WrappingRollout):
             gen[i, :L] = torch.as_tensor(s.mask[:L])
             valid[i, :L] = 1
             logp[i, :L] = torch.as_tensor(s.log_probs[:L])
+            versions[i] = row_versions(s.versions[:L], T)
             truncated[i] = len(s.response_ids) > T or s.finish == "length"
             prompt_lists.append(list(s.prompt_ids))
             turn = call_turns[s.calls[-1]] if s.calls[-1] < len(call_turns) else None
@@ -290,12 +293,26 @@ class GatewayRollout(WrappingRollout):
             (torch.zeros(0, self.P, dtype=torch.long), torch.zeros(0, self.P, dtype=torch.long))
         out = Batch({"prompts": ids, "responses": resp, "input_ids": torch.cat([ids, resp], dim=1),
                      "attention_mask": torch.cat([mask, valid], dim=1), "response_mask": gen,
-                     "group_ids": group_ids, "truncated": truncated, "rollout_log_probs": logp * gen},
+                     "group_ids": group_ids, "truncated": truncated, "rollout_log_probs": logp * gen,
+                    "token_versions": versions},
                     dict(rows.non_tensors), meta)
         out = out | rows.select([k for k in rows.tensors if k != "uid"])
         out["trajectory"] = trajectories
         out["prompt_ids"] = prompt_lists  # each row's first call's prompt, not the dataset's rendering
         return out
+
+
+def row_versions(stamped: list[int], T: int) -> torch.Tensor:
+    """A sequence's per-token weight versions (capture.Sequence.versions: -1 on the harness's
+    ids) -> (T,) token_versions: each sampled id's stamp; a harness id, and the padding after
+    the sequence, the version of the sampled id before it (the oldest stamp before the first)."""
+    sampled = [v for v in stamped if v >= 0]
+    last = min(sampled) if sampled else 0
+    out = []
+    for v in stamped:
+        last = v if v >= 0 else last
+        out.append(last)
+    return torch.as_tensor(out + [last] * (T - len(out)), dtype=torch.long)
 
 
 def load_agent(spec: str):

@@ -104,8 +104,9 @@ class LocalBehaviour:
                                 {**prompts.meta, "policy_version": self.version})
         if refresh is None:
             batch = self.rollout.generate(prompts, n=n, temperature=temperature)
-            T = batch["responses"].shape[1] if "responses" in batch.tensors else 0
-            batch["token_versions"] = torch.full((len(batch), T), self.version, dtype=torch.long)
+            if "token_versions" not in batch.tensors:  # rollout.agent's rows carry their calls' stamps
+                T = batch["responses"].shape[1] if "responses" in batch.tensors else 0
+                batch["token_versions"] = torch.full((len(batch), T), self.version, dtype=torch.long)
         else:
             if not self.partial_ok:
                 raise NotImplementedError("this rollout cannot swap weights mid-generation (rollout.partial)")
