@@ -294,7 +294,7 @@ class GatewayRollout(WrappingRollout):
         out = Batch({"prompts": ids, "responses": resp, "input_ids": torch.cat([ids, resp], dim=1),
                      "attention_mask": torch.cat([mask, valid], dim=1), "response_mask": gen,
                      "group_ids": group_ids, "truncated": truncated, "rollout_log_probs": logp * gen,
-                    "token_versions": versions},
+                     "token_versions": versions},
                     dict(rows.non_tensors), meta)
         out = out | rows.select([k for k in rows.tensors if k != "uid"])
         out["trajectory"] = trajectories

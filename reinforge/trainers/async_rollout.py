@@ -34,6 +34,13 @@ the next steps' samples with a behaviour copy of the policy while the trainer up
 - rollout.partial: the policy asks `refresh(t)` before each response position and continues
   with newer weights when there are (timing: any published; deterministic: v + 1 at one fixed
   position); every token records its version (token_versions, rollout/staleness_token_*).
+- rollout.agent (reinforge.gateway): the behaviour copy is the GatewayRollout's twin over the
+  copied engine (with_model: a second gateway), so the user's agents run in the producer thread;
+  LocalBehaviour passes its version in the prompts' meta and every call is stamped with it (the
+  weights change between chunks only); the rows' token_versions are those stamps and their
+  rollout_log_probs the captured log-probs. A chunk's rows beyond c x n (rollout.agent_history
+  =split's extra sequences, their prompt's uid as group id) are taken with their group
+  (`rows_of`); stop() interrupts the chunk's agents instead of waiting for their deadline.
 - Scoring stays on the trainer thread (the reward workers are not shared across threads).
 - Resume, timing: `resume_point` is where the first prompt not yet trained on came from (loader
   state before its round, offset in the round, uid); a checkpoint stores it, so no prompt is
