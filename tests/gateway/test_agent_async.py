@@ -129,17 +129,15 @@ def test_split_histories_train(tiny_model_dir, arith_data, tmp_path, monkeypatch
     """rollout.agent_history=split: a run whose history was edited gives two rows, both trained
     with its group (asynchronous: taken with its group from the producer's chunk; the update
     stays one on-policy mini-batch with the extra rows)."""
-    from reinforge.trainers.rl import RLTrainer as Trainer
-
     batches = []
-    collect = Trainer.collect_batch
+    collect = RLTrainer.collect_batch
 
     def spy(self):
         out = collect(self)
         batches.append(out[0])
         return out
 
-    monkeypatch.setattr(Trainer, "collect_batch", spy)
+    monkeypatch.setattr(RLTrainer, "collect_batch", spy)
     extra = {"rollout.staleness": staleness, "rollout.agent": f"{AGENTS}:edits_history", "trainer.total_steps": 2,
              "trainer.save_every": 100, "rollout.max_response_length": 16, "data.max_prompt_length": 32}
     RLTrainer(_cfg(tiny_model_dir, arith_data, tmp_path, **extra)).fit()
