@@ -60,7 +60,7 @@ def _take_groups(p: AsyncProducer, groups: int, pieces: list[int]) -> Batch:
     """`groups` groups in takes of the sizes in `pieces` (cycled), as dynamic sampling would."""
     parts, got, i = [], 0, 0
     while got < groups:
-        rows, _ = p.take(min(pieces[i % len(pieces)], groups - got))
+        rows, _, _ = p.take(min(pieces[i % len(pieces)], groups - got))
         parts.append(rows)
         got, i = got + len(rows) // p.n, i + 1
     return Batch.concat(parts)
@@ -126,7 +126,7 @@ def test_dynamic_sampling_takes_only_the_missing_groups():
 
     p = _producer(FakeRollout(), PromptLoader(_items(64), batch_size=4, seed=0), staleness=2)
     try:
-        kw = dict(want=4, n=2, dynamic=True, max_rounds=3)
+        kw = dict(want=4, dynamic=True, max_rounds=3)
         batch, m, _ = async_rollout.collect(p, score, Timer(), **kw)
         assert batch["group_ids"].view(-1, 2)[:, 0].tolist() == [1, 3, 5, 7]
         assert m["dynamic_sampling/batch_fill"] == 1.0 and m["dynamic_sampling/kept_ratio"] == 0.5

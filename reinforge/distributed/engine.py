@@ -62,7 +62,7 @@ class RankEngine:
             return
         if self.dense is not None:
             weights.copy_full(sharded, self.dense)
-            self.rollout.sync_weights(self.dense)  # lean / hf: a no-op; the gateway stamps its next version
+            self.rollout.sync_weights(self.dense)  # lean / hf: a no-op; wrappers forward it (as in a local run)
         else:
             self.rollout.sync_weights(sharded)  # its weight_items stream the shards' full tensors
         self.version = version

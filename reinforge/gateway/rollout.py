@@ -20,7 +20,8 @@ prompt i at row i * n + j, as the built-in rollouts order them:
   `rollout.agent_history`: split, its other sequences become extra rows after the B rows, with
   its reward and group id; drop, the run is dropped.
 The Batch is the agent loop's (agents/loop.py): prompts (rows, P) the first call's prompt ids,
-responses (rows, T) every later id, response_mask 1 on sampled ids only, rollout_log_probs, and
+responses (rows, T) every later id, response_mask 1 on sampled ids only, rollout_log_probs (the
+captured log-probs), token_versions (rows, T: each sampled id's weight-version stamp), and
 a `trajectory` per row whose single turn reward is the agent's reward on the last sampled token
 (what the reward worker scores; reward.functions, when set, add to it) plus `gateway`: the
 round's counts (agents/loop.gateway_metrics logs them as agent/gateway/...).
@@ -28,6 +29,7 @@ round's counts (agents/loop.gateway_metrics logs them as agent/gateway/...).
 from __future__ import annotations
 
 import asyncio
+import copy
 import inspect
 import math
 import queue
@@ -92,6 +94,10 @@ def parse_result(res) -> tuple[float, dict[str, float]]:
     return float(res), {str(k): float(v) for k, v in metrics.items()}
 
 
+class RolloutInterrupted(Exception):
+    """generate() was interrupted (GatewayRollout.interrupt)."""
+
+
 class GatewayRollout(WrappingRollout):
     """A Rollout (workers/rollout/base.py) running user agents against the gateway over `inner`
     (a lean / hf / vllm engine); `model`, `generator` and weight syncs are the inner engine's."""
@@ -105,26 +111,52 @@ class GatewayRollout(WrappingRollout):
         self.concurrency, self.timeout_s, self.history = concurrency, timeout_s, history
         self.api_key = secrets.token_hex(16)
         self.gateway = Gateway(inner, tokenizer, parser, model_name=model_name, api_key=self.api_key)
-        self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True, seed_by_prompt=False)
+        # async_ok: the asynchronous producer's behaviour copy is this wrapper over the inner
+        # engine's copy (with_model), serving its own gateway; a Ray rank runs its share in one call
+        self.capabilities = RolloutCapabilities(continues=False, records_log_probs=True, seed_by_prompt=False,
+                                                async_ok=inner.capabilities.async_ok)
         self._round = 0
+        self._stop = threading.Event()  # interrupt(): end the round in progress now
+        self._finished: queue.Queue | None = None
         self._void = 0  # dropped runs so far: their rows' group ids are -1, -2, ...
 
     def sync_weights(self, actor_model) -> None:
-        """The inner engine's sync; later calls are stamped with the next weight version."""
+        """The inner engine's sync; later calls are stamped one weight version later (until a
+        generate() names its version: prompts.meta["policy_version"])."""
         super().sync_weights(actor_model)
         self.gateway.version += 1
 
-    def with_model(self, model):
-        raise NotImplementedError("rollout.agent runs with the synchronous trainer only (rollout.staleness=0)")
+    def with_model(self, model) -> "GatewayRollout":
+        """The same agents against a gateway of their own over the inner engine generating with
+        `model` (the asynchronous producer's behaviour copy); the API key is shared."""
+        from reinforge.gateway.server import Gateway
+
+        twin = copy.copy(self)
+        twin.wrap(self.inner.with_model(model))
+        twin.gateway = Gateway(twin.inner, self.tok, self.gateway.parser, model_name=self.gateway.model_name,
+                               api_key=self.api_key)
+        twin._stop, twin._finished = threading.Event(), None
+        return twin
+
+    def interrupt(self) -> None:
+        """End the round in progress now (the asynchronous producer's stop): its runs are ended
+        like a deadline's and generate() raises RolloutInterrupted; later rounds raise it too."""
+        self._stop.set()
+        if self._finished is not None:
+            self._finished.put(None)
 
     def close(self) -> None:
         self.gateway.close()
 
     # ---- the rollout ----------------------------------------------------------------------
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False) -> Batch:
-        """B0 prompt rows -> B0 * n rows, then any extra split sequences (module doc)."""
+        """B0 prompt rows -> B0 * n rows, then any extra split sequences (module doc).
+        prompts.meta["policy_version"], when given, is the version of the weights generating (the
+        trainer's completed steps): every call is stamped with it."""
         if self.gateway.port is None:
             self.gateway.start()
+        if prompts.meta.get("policy_version") is not None:
+            self.gateway.version = int(prompts.meta["policy_version"])
         meta = sampling_meta(temperature, self.inner.top_k, self.inner.top_p, greedy)
         self.gateway.sampling = (meta["temperature"], meta["top_k"], meta["top_p"])
         self.gateway.greedy = greedy
@@ -138,6 +170,9 @@ class GatewayRollout(WrappingRollout):
         counts = {r: 0 for r in DROP_REASONS} | {"edited_calls": 0, "forks": 0, "calls": 0}
         errors_before = self.gateway.counters["errors"]
         logs = self._run_all(runs, counts)
+        if not self.gateway.drain():  # a late call of an abandoned agent must not outlive the round
+            print("[reinforge] rollout.agent: the gateway still generates for ended rollouts after 60 s",
+                  file=sys.stderr)
         primary, extra = [], []  # (run, reward, metrics, sequence or None, call turns)
         for run in runs:
             log = logs[run.rid]
@@ -182,8 +217,13 @@ class GatewayRollout(WrappingRollout):
     def _run_all(self, runs: list[AgentRun], counts: dict) -> dict:
         """Run every agent (concurrency, deadlines: module doc) -> {rid: its RolloutLog}."""
         finished: queue.Queue = queue.Queue()
+        self._finished = finished
         pending, active, logs = deque(runs), {}, {}
         while pending or active:
+            if self._stop.is_set():
+                for rid in active:
+                    self.gateway.end_rollout(rid)
+                raise RolloutInterrupted("the gateway rollout was interrupted")
             while pending and len(active) < self.concurrency:
                 run = pending.popleft()
                 self.gateway.open_rollout(run.rid, budget=self.T, prompt_limit=self.P)
@@ -217,6 +257,7 @@ class GatewayRollout(WrappingRollout):
         gen = torch.zeros(B, T, dtype=torch.long)
         valid = torch.zeros(B, T, dtype=torch.long)
         logp = torch.zeros(B, T)
+        versions = torch.full((B, T), self.gateway.version, dtype=torch.long)
         truncated = torch.zeros(B, dtype=torch.bool)
         trajectories, prompt_lists = [], []
         src = [run.index for run, *_ in rows_in]
@@ -236,6 +277,7 @@ class GatewayRollout(WrappingRollout):
             gen[i, :L] = torch.as_tensor(s.mask[:L])
             valid[i, :L] = 1
             logp[i, :L] = torch.as_tensor(s.log_probs[:L])
+            versions[i] = row_versions(s.versions[:L], T)
             truncated[i] = len(s.response_ids) > T or s.finish == "length"
             prompt_lists.append(list(s.prompt_ids))
             turn = call_turns[s.calls[-1]] if s.calls[-1] < len(call_turns) else None
@@ -251,12 +293,26 @@ class GatewayRollout(WrappingRollout):
             (torch.zeros(0, self.P, dtype=torch.long), torch.zeros(0, self.P, dtype=torch.long))
         out = Batch({"prompts": ids, "responses": resp, "input_ids": torch.cat([ids, resp], dim=1),
                      "attention_mask": torch.cat([mask, valid], dim=1), "response_mask": gen,
-                     "group_ids": group_ids, "truncated": truncated, "rollout_log_probs": logp * gen},
+                     "group_ids": group_ids, "truncated": truncated, "rollout_log_probs": logp * gen,
+                     "token_versions": versions},
                     dict(rows.non_tensors), meta)
         out = out | rows.select([k for k in rows.tensors if k != "uid"])
         out["trajectory"] = trajectories
         out["prompt_ids"] = prompt_lists  # each row's first call's prompt, not the dataset's rendering
         return out
+
+
+def row_versions(stamped: list[int], T: int) -> torch.Tensor:
+    """A sequence's per-token weight versions (capture.Sequence.versions: -1 on the harness's
+    ids) -> (T,) token_versions: each sampled id's stamp; a harness id, and the padding after
+    the sequence, the version of the sampled id before it (the oldest stamp before the first)."""
+    sampled = [v for v in stamped if v >= 0]
+    last = min(sampled) if sampled else 0
+    out = []
+    for v in stamped:
+        last = v if v >= 0 else last
+        out.append(last)
+    return torch.as_tensor(out + [last] * (T - len(out)), dtype=torch.long)
 
 
 def load_agent(spec: str):

@@ -4,6 +4,8 @@
     POST /v1/chat/completions         messages, tools, tool_choice (auto | none), n, temperature,
                                       top_p, max_tokens / max_completion_tokens, stop, logprobs
     POST /v1/completions              prompt (a string or token ids), the same sampling fields
+    stream: true on either POST       OpenAI's server-sent event chunks, sent once the answer is
+                                      whole (stream.py)
 
 Each route is served under /rollouts/<id>/ as well (or with the header X-Reinforge-Rollout):
 the call is then captured in that rollout's log (capture.Call per choice, render.Turn for the
@@ -34,6 +36,7 @@ from aiohttp import web
 from reinforge.gateway.capture import Call
 from reinforge.gateway.render import (RequestError, Turn, assistant_message, encode, normalize, prompt_ids,
                                       request_tools)
+from reinforge.gateway.stream import send_stream
 
 ROLLOUT_HEADER = "X-Reinforge-Rollout"
 
@@ -76,6 +79,8 @@ class Job:
     sampling: tuple[float, int, float]
     stops: list[str]
     future: asyncio.Future
+    log: RolloutLog | None = None
+    """Its rollout's log (None: a call outside rollouts); an ended rollout's job is not generated."""
 
 
 def _number(body: dict, key: str, default, lo, hi, kind=float):
@@ -104,9 +109,14 @@ class Gateway:
         self.sampling, self.greedy, self.window_s = sampling, False, window_s
         self.max_tokens = max_tokens or engine.T
         self.version = 0
+        """The weight version stamped on calls generated from now on (GatewayRollout sets it to
+        the trainer's policy version: completed steps); read when a call's engine batch starts."""
         self.logs: dict[str, RolloutLog] = {}
         self.counters = {"requests": 0, "errors": 0, "overridden": 0, "engine_calls": 0, "rows": 0}
         self.lock = threading.Lock()
+        self._idle = threading.Condition(self.lock)
+        self._inflight = 0  # jobs queued or generating: drain() waits for none
+        self._current: list[Job] = []  # the jobs the batcher holds
         self.port: int | None = None
         self._loop = self._thread = self._runner = None
         self._pool = ThreadPoolExecutor(1, thread_name_prefix="gateway-engine")
@@ -158,7 +168,33 @@ class Gateway:
             await self._batcher
         except asyncio.CancelledError:
             pass
+        # requests still waiting (an interrupted round's agents) are answered, so the cleanup
+        # below, which waits for every handler, does not wait for them
+        waiting = list(self._current)
+        while not self._queue.empty():
+            waiting.append(self._queue.get_nowait())
+        for j in waiting:
+            if not j.future.done():
+                j.future.set_exception(GatewayError(503, "the gateway is shutting down", "server_error"))
         await self._runner.cleanup()
+
+    def drain(self, timeout: float = 60.0) -> bool:
+        """Wait until no job is queued or generating (-> True; False at the timeout). Once every
+        rollout has ended, no new job can start (ended rollouts are refused), so afterwards the
+        engine's weights may change without a late call of an abandoned agent reading them."""
+        deadline = time.monotonic() + timeout
+        with self._idle:
+            while self._inflight:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._idle.wait(left)
+        return True
+
+    def _job_done(self, jobs: list[Job]) -> None:
+        with self._idle:
+            self._inflight -= len(jobs)
+            self._idle.notify_all()
 
     def base_url(self, rollout: str | None = None) -> str:
         return f"http://127.0.0.1:{self.port}" + (f"/rollouts/{rollout}" if rollout else "") + "/v1"
@@ -207,8 +243,6 @@ class Gateway:
             raise GatewayError(400, "the request body is not valid JSON") from None
         if not isinstance(body, dict):
             raise GatewayError(400, "the request body must be a JSON object")
-        if body.get("stream"):
-            raise GatewayError(400, "stream=true is not supported by the reinforge gateway", param="stream")
         return body
 
     async def _chat(self, request):
@@ -226,14 +260,21 @@ class Gateway:
                 log.requests += 1
             prep = self._prepare(body, log, chat)
             future = asyncio.get_running_loop().create_future()
+            with self.lock:
+                if log is not None and log.ended:
+                    raise GatewayError(409, "the rollout ended while its request was read", code="rollout_not_open")
+                self._inflight += 1
             self._queue.put_nowait(Job([prep["ids"]] * prep["n"], prep["max_new"], prep["greedy"], prep["sampling"],
-                                       prep["stops"], future))
-            rows = await future
+                                       prep["stops"], future, log))
+            rows, version = await future
             if request.transport is None or request.transport.is_closing():  # the client went away
                 if log is not None:
                     log.disconnected += 1
                 return web.Response(status=499)
-            return web.json_response(self._answer(prep, rows, log, chat))
+            answer = self._answer(prep, rows, version, log, chat)
+            if prep["stream"]:
+                return await send_stream(request, answer, chat, prep["include_usage"])
+            return web.json_response(answer)
         except RequestError as e:
             self.counters["errors"] += 1
             return error_response(GatewayError(400, str(e), param=e.param))
@@ -264,7 +305,13 @@ class Gateway:
         if not chat and logprobs not in (None, 0, False):  # completions: an int, the alternatives to list
             raise RequestError("logprobs > 0 is not supported: logprobs=0 returns the sampled tokens' log-probs",
                                "logprobs")
-        prep = {"n": n, "stops": list(stops), "user_stops": list(stops),
+        stream, options = body.get("stream") or False, body.get("stream_options") or {}
+        if not isinstance(stream, bool):
+            raise RequestError("stream must be a boolean", "stream")
+        if not isinstance(options, dict) or not isinstance(options.get("include_usage", False), bool):
+            raise RequestError("stream_options must be an object with a boolean include_usage", "stream_options")
+        prep = {"n": n, "stops": list(stops), "user_stops": list(stops), "stream": stream,
+                "include_usage": bool(options.get("include_usage")),
                 "logprobs": bool(logprobs) if chat else logprobs is not None,
                 "tools": [], "messages": None, "continued": False}
         if chat:
@@ -326,14 +373,20 @@ class Gateway:
     async def _batch_loop(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            jobs = [await self._queue.get()]
+            jobs = self._current = [await self._queue.get()]
             await asyncio.sleep(self.window_s)
             while not self._queue.empty():
                 jobs.append(self._queue.get_nowait())
             groups: dict[tuple, list[Job]] = {}
             for j in jobs:
+                if j.log is not None and j.log.ended:  # its agent was abandoned: nobody reads the answer
+                    if not j.future.done():
+                        j.future.set_exception(GatewayError(409, "the rollout ended", code="rollout_not_open"))
+                    self._job_done([j])
+                    continue
                 groups.setdefault((j.greedy, j.sampling), []).append(j)
             for (greedy, sampling), group in groups.items():
+                version = self.version  # the weights that sample this group (they change between rounds only)
                 try:
                     outs = await loop.run_in_executor(self._pool, self._generate, group, greedy, sampling)
                 except Exception as e:  # noqa: BLE001 - every waiting request gets the error
@@ -341,9 +394,11 @@ class Gateway:
                         if not j.future.done():
                             j.future.set_exception(e)
                     continue
+                finally:
+                    self._job_done(group)
                 for j, rows in zip(group, outs):
                     if not j.future.done():
-                        j.future.set_result(rows)
+                        j.future.set_result((rows, version))
 
     def _scanner(self, stops: list[str]):
         from reinforge.agents.loop import StopScanner
@@ -381,8 +436,9 @@ class Gateway:
         return out
 
     # ---- answers -----------------------------------------------------------------------------
-    def _answer(self, prep: dict, rows, log: RolloutLog | None, chat: bool) -> dict:
-        """The OpenAI body; in a rollout, the calls (and chat turns) recorded in its log."""
+    def _answer(self, prep: dict, rows, version: int, log: RolloutLog | None, chat: bool) -> dict:
+        """The OpenAI body; in a rollout, the calls (and chat turns) recorded in its log, each
+        stamped with `version`, the weight version that sampled it."""
         choices, completion_tokens = [], 0
         for i, (ids, logp, finish) in enumerate(rows):
             completion_tokens += len(ids)
@@ -407,7 +463,7 @@ class Gateway:
             if log is not None:
                 with self.lock:
                     if not log.ended:  # an ended rollout's late answer is not part of it
-                        log.calls.append(Call(tuple(prep["ids"]), tuple(ids), tuple(logp), self.version, finish))
+                        log.calls.append(Call(tuple(prep["ids"]), tuple(ids), tuple(logp), version, finish))
                         log.call_turns.append(turn)
                         if turn is not None:
                             log.turns.append(turn)
@@ -419,7 +475,7 @@ class Gateway:
         return {"id": f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}",
                 "object": "chat.completion" if chat else "text_completion", "created": int(time.time()),
                 "model": self.model_name, "choices": choices, "prompt_token_ids": prep["ids"],
-                "weight_version": self.version,
+                "weight_version": version,
                 "usage": {"prompt_tokens": len(prep["ids"]), "completion_tokens": completion_tokens,
                           "total_tokens": len(prep["ids"]) * len(rows) + completion_tokens}}
 

@@ -34,6 +34,13 @@ the next steps' samples with a behaviour copy of the policy while the trainer up
 - rollout.partial: the policy asks `refresh(t)` before each response position and continues
   with newer weights when there are (timing: any published; deterministic: v + 1 at one fixed
   position); every token records its version (token_versions, rollout/staleness_token_*).
+- rollout.agent (reinforge.gateway): the behaviour copy is the GatewayRollout's twin over the
+  copied engine (with_model: a second gateway), so the user's agents run in the producer thread;
+  LocalBehaviour passes its version in the prompts' meta and every call is stamped with it (the
+  weights change between chunks only); the rows' token_versions are those stamps and their
+  rollout_log_probs the captured log-probs. A chunk's rows beyond c x n (rollout.agent_history
+  =split's extra sequences, their prompt's uid as group id) are taken with their group
+  (`rows_of`); stop() interrupts the chunk's agents instead of waiting for their deadline.
 - Scoring stays on the trainer thread (the reward workers are not shared across threads).
 - Resume, timing: `resume_point` is where the first prompt not yet trained on came from (loader
   state before its round, offset in the round, uid); a checkpoint stores it, so no prompt is
@@ -78,7 +85,8 @@ class Start:
 
 @dataclass
 class Chunk:
-    batch: Batch  # c x n rows, groups contiguous, with policy_version (c*n,)
+    batch: Batch  # c x n rows, groups contiguous, with policy_version (c*n,); then any extra rows
+    # (rollout.agent_history=split: a run's other sequences, its prompt's uid as group id)
     start: Start
     prompts: int
     gen_s: float  # the producer's generate() seconds
@@ -163,9 +171,19 @@ class AsyncProducer:
             self.version = version
             self.cond.notify_all()
 
-    def take(self, groups: int) -> tuple[Batch, float]:
+    def rows_of(self, chunk: Chunk, lo: int, hi: int) -> list[int]:
+        """Row indices of a chunk's groups lo..hi-1: their n rows each, then the chunk's extra rows
+        whose group ids are those groups' uids (rollout.agent_history=split's sequences)."""
+        idx, B = list(range(lo * self.n, hi * self.n)), chunk.prompts * self.n
+        if len(chunk.batch) > B:
+            g = chunk.batch["group_ids"][B:]
+            hit = (g >= chunk.start.uid + lo) & (g < chunk.start.uid + hi)
+            idx += [B + j for j in hit.nonzero().flatten().tolist()]
+        return idx
+
+    def take(self, groups: int) -> tuple[Batch, float, int]:
         """Up to `groups` whole groups from the head of the queue (waiting for the first chunk) ->
-        (rows, generate() seconds of the chunks finished by this take)."""
+        (their rows, generate() seconds of the chunks finished by this take, the groups taken)."""
         with self.cond:
             while not self.queue and self.error is None and not self.stopping:
                 self.waiting = True
@@ -178,7 +196,7 @@ class AsyncProducer:
                 raise RuntimeError("the asynchronous rollout producer was stopped")
             head = self.queue[0]
             k = min(groups, head.prompts - head.taken)
-            rows = head.batch.index(range(head.taken * self.n, (head.taken + k) * self.n))
+            rows = head.batch.index(self.rows_of(head, head.taken, head.taken + k))
             head.taken += k
             self.pending -= k
             gen_s = 0.0
@@ -186,7 +204,7 @@ class AsyncProducer:
                 self.queue.popleft()
                 gen_s = head.gen_s
             self.cond.notify_all()
-        return rows, gen_s
+        return rows, gen_s, k
 
     def resume_point(self) -> Start:
         """Where the first prompt not yet taken came from (what a timing checkpoint stores)."""
@@ -211,21 +229,26 @@ class AsyncProducer:
                 self.cond.wait()
             if self.error is not None:
                 raise RuntimeError("the asynchronous rollout producer failed") from self.error
-            chunks = [Chunk(c.batch.index(range(c.taken * self.n, c.prompts * self.n)), c.start.advanced(c.taken),
+            chunks = [Chunk(c.batch.index(self.rows_of(c, c.taken, c.prompts)), c.start.advanced(c.taken),
                             c.prompts - c.taken, c.gen_s) for c in self.queue]
             return (self.inflight if self.inflight is not None else self._next_start()), chunks
 
     def stop(self) -> None:
-        """Stop after the chunk in progress. A chunk still running after STOP_TIMEOUT_S is left to
+        """Stop after the chunk in progress (a rollout.agent chunk is cut short: its agents are
+        ended, LocalBehaviour.interrupt). A chunk still running after STOP_TIMEOUT_S is left to
         the process's exit (a daemon thread) with a warning, rather than an error that would hide
         the exception the run may be unwinding from."""
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
+        if isinstance(self.policy, LocalBehaviour):  # rollout.agent: hung agents need not hold the stop
+            self.policy.interrupt()
         self.thread.join(STOP_TIMEOUT_S)
         if self.thread.is_alive():
             print(f"[reinforge] warning: the asynchronous rollout producer did not stop within {STOP_TIMEOUT_S:.0f} s",
                   file=sys.stderr)
+        elif isinstance(self.policy, LocalBehaviour):  # its copy's resources (rollout.agent: a gateway)
+            self.policy.close()
 
     # ---- producer side -----------------------------------------------------------------------
     def _next_start(self) -> Start:
@@ -327,11 +350,13 @@ class AsyncProducer:
             return
         except BaseException as e:  # handed to the trainer at its next take()
             with self.cond:
+                if self.stopping:  # what stop() cut short (an interrupted rollout.agent round)
+                    return
                 self.error = e
                 self.cond.notify_all()
 
 
-def collect(producer: AsyncProducer, score, timer, *, want: int, n: int, dynamic: bool,
+def collect(producer: AsyncProducer, score, timer, *, want: int, dynamic: bool,
             max_rounds: int) -> tuple[Batch, dict[str, float], RewardResult]:
     """A step's batch from the producer's queue -> (scored batch, dynamic-sampling and timing
     metrics, the RewardResult of every row scored). `score(batch)` -> RewardResult
@@ -341,8 +366,8 @@ def collect(producer: AsyncProducer, score, timer, *, want: int, n: int, dynamic
     parts, results, seen, kept, rounds, gen_s = [], [], 0, 0, 0, 0.0
     while kept < want and seen < max_rounds * want:
         with timer("gen"):  # the trainer's wait for generated groups
-            rows, g = producer.take(min(want - kept, max_rounds * want - seen) if dynamic else want - kept)
-        gen_s, got, rounds = gen_s + g, len(rows) // n, rounds + 1
+            rows, g, got = producer.take(min(want - kept, max_rounds * want - seen) if dynamic else want - kept)
+        gen_s, rounds = gen_s + g, rounds + 1
         seen += got
         if not dynamic:
             parts.append(rows)

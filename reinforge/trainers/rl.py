@@ -70,6 +70,7 @@ class RLTrainer(TrainingLoop):
     def _rollout_round(self) -> tuple[Batch, RewardResult]:
         items = next(self.loader)
         prompts = prompts_batch(items, self.next_uid)
+        prompts.meta["policy_version"] = self.step_idx - 1  # the weights after step_idx - 1 completed steps
         self.next_uid += len(items)
         with self.timer("gen"):
             batch = self.rollout.generate(prompts, n=self.cfg.rollout.n, temperature=self.cfg.rollout.temperature)
@@ -86,7 +87,7 @@ class RLTrainer(TrainingLoop):
                 # behaviour_policy: a BehaviourPolicy set by a distributed setup (None: the local copy)
                 self.producer = async_rollout.start_producer(self, self.behaviour_policy)
             batch, metrics, reward = async_rollout.collect(
-                self.producer, self.reward.score, self.timer, want=want, n=self.cfg.rollout.n,
+                self.producer, self.reward.score, self.timer, want=want,
                 dynamic=a.dynamic_sampling, max_rounds=a.max_gen_rounds if a.dynamic_sampling else 1)
             return batch, {**metrics, **reward.metrics}
         if not a.dynamic_sampling:
@@ -119,9 +120,7 @@ class RLTrainer(TrainingLoop):
         # the plan skips this pass for an on-policy update (trainers/plan.py); a frozen actor has no
         # update pass to report entropy from; the optimal token baseline also reads sum pi^2
         token_stats = cfg.algorithm.adv_estimator in NEEDS_TOKEN_STATS
-        # a gateway's extra sequences (rollout.agent_history=split) can grow the batch past the one
-        # mini-batch the plan counted on: that step is not on-policy, and the actor sees old log-probs
-        if not self.plan.on_policy or self.actor_frozen or len(batch) > self.plan.actor_mini_batch_size:
+        if not self.plan.on_policy or self.actor_frozen:
             with self.timer("old_log_prob"):
                 batch = batch | self.actor.log_probs(batch, with_sum_pi_squared=token_stats)
         if self.reference is not None:
@@ -184,6 +183,7 @@ class RLTrainer(TrainingLoop):
             m = validate(self.rollout, self.reward, self.val_items, n=n,
                          temperature=self.cfg.rollout.val_temperature, pass_k=list(self.cfg.trainer.pass_k),
                          batch_size=self.cfg.data.val_batch_size, sampled=sampled, progress=progress,
+                         policy_version=self.step_idx,
                          samples_path=self.run_dir / "samples" / f"step_{self.step_idx}.jsonl")
         return {**m, **self.timer.pop()}
 

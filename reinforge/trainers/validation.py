@@ -87,18 +87,21 @@ def verl_names(src: str, greedy_acc: list[float], greedy_score: list[float], sam
 
 def validate(rollout, reward, items: list[dict], *, n: int, temperature: float, pass_k: list[int],
              batch_size: int, sampled: bool = True, samples_path: Path | None = None, max_samples_saved: int = 32,
-             progress: Callable[[int], None] | None = None) -> dict[str, float]:
+             progress: Callable[[int], None] | None = None, policy_version: int | None = None) -> dict[str, float]:
     """Greedy decoding always; with `sampled`, n samples per prompt at `temperature` too.
 
     Metrics: veRL's names (verl_names) per data source, and the aliases `val/acc_greedy`,
     `val/score_greedy`, `val/response_length_greedy`, `val/<data_source>/acc_greedy` and, when
     sampled, `val/acc_sampled`, `val/pass@k`, `val/<data_source>/acc_sampled` (over all sources).
     `progress(k)` is called as each generation call finishes k sequences; the whole validation
-    is `validation_size(len(items), n, sampled)` sequences."""
+    is `validation_size(len(items), n, sampled)` sequences. `policy_version`: the version of the
+    weights validated (the trainer's completed steps), passed to the rollout in the prompts' meta."""
     if not items:
         return {}
     progress = progress or (lambda k: None)
     prompts = prompts_batch(items, 0)
+    if policy_version is not None:
+        prompts.meta["policy_version"] = policy_version
     with torch.random.fork_rng():
         greedy = _generate_and_score(rollout, reward, prompts, 1, 1.0, True, batch_size, progress)
         samp = _generate_and_score(rollout, reward, prompts, n, temperature, False, batch_size, progress) if sampled else None

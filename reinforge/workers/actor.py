@@ -46,7 +46,6 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         importance sampling against the batch's `rollout_log_probs` (vLLM, rollout.staleness)."""
         self.model, self.cfg, self.mcfg = model, cfg, model_cfg
         self.on_policy, self.tis_cap = on_policy, tis_cap
-        self.step_on_policy = on_policy  # this update's (update() sets it from the batch)
         self.mini_batch_size, self.micro_batch_size = mini_batch_size, micro_batch_size
         self.loss_norm_const = loss_norm_const
         self.params = [p for p in model.parameters() if p.requires_grad]
@@ -92,8 +91,8 @@ class ActorWorker(LocalTrainedRole, role="actor"):
                                                     self.mcfg.autocast == "bf16")
         else:
             log_probs, entropy = micro_log_probs(self.model, mb, self.mcfg, temperature,
-                                                 self.cfg.entropy_coeff != 0 or self.step_on_policy)
-        old_log_probs = log_probs.detach() if self.step_on_policy else mb["old_log_probs"]
+                                                 self.cfg.entropy_coeff != 0 or self.on_policy)
+        old_log_probs = log_probs.detach() if self.on_policy else mb["old_log_probs"]
         mask = (mb["loss_mask"] if "loss_mask" in mb else mb["response_mask"]).float()
         router = self.routing.take_captured() if self.routing is not None else None
         return {"log_probs": log_probs, "entropy": entropy, "jsd": jsd, "old_log_probs": old_log_probs, "mask": mask,
@@ -108,14 +107,14 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         loss_mat, m = self.loss_fn(out["log_probs"], out["old_log_probs"], mb["advantages"], out["mask"], **self.loss_kw)
         # the extreme token the losses' clamps would hide (algos/policy_loss.py); a `_max` metric: reduced by max
         m["log_ratio_max"] = log_ratio_max(out["log_probs"], out["old_log_probs"], out["mask"])
-        if self.step_on_policy:  # what trainers/metrics.py reads from the skipped pass's outputs
+        if self.on_policy:  # what trainers/metrics.py reads from the skipped pass's outputs
             resp = mb["response_mask"].float()
             m["entropy"] = masked_mean(out["entropy"].detach(), resp)
             if "ref_log_probs" in mb:
                 m["ref_kl"] = masked_mean(out["old_log_probs"] - mb["ref_log_probs"], resp)
         if "tis_weight" in mb:  # truncated importance sampling, per token, from the old-log-prob pass
             loss_mat = loss_mat * mb["tis_weight"]
-        elif self.step_on_policy and self.tis_cap is not None and "rollout_log_probs" in mb:
+        elif self.on_policy and self.tis_cap is not None and "rollout_log_probs" in mb:
             # on-policy, this forward's detached log-probs are the old ones: no separate pass needed
             w, tis = tis_weights(out["old_log_probs"], mb["rollout_log_probs"], mb["response_mask"], self.tis_cap)
             loss_mat = loss_mat * w
@@ -168,18 +167,18 @@ class ActorWorker(LocalTrainedRole, role="actor"):
         c, temperature = self.cfg, batch.meta.get("temperature", 1.0)
         if not self.on_policy and "old_log_probs" not in batch:
             raise ValueError("old_log_probs may be left out only for an on-policy update (one epoch, one mini-batch)")
-        # on_policy: the plan's; a batch that comes with old log-probs (the trainer ran the pass for a
-        # batch past one mini-batch: a gateway's extra sequences) is updated as any other
-        self.step_on_policy = self.on_policy and "old_log_probs" not in batch
-        if self.step_on_policy and not on_policy_update(self.model, c.ppo_epochs, self.mini_batch_size, len(batch)):
+        # on-policy: the plan found a step's batch fits one mini-batch; rows beyond train_batch_size x n
+        # (rollout.agent_history=split's extra sequences) join it, so the one step stays at the rollout weights
+        mini = max(self.mini_batch_size, len(batch)) if self.on_policy else self.mini_batch_size
+        if self.on_policy and not on_policy_update(self.model, c.ppo_epochs, mini, len(batch)):
             raise ValueError("on_policy=True needs an on-policy update (one epoch, one mini-batch, no dropout)")
         tis_metrics = {}
-        if not self.step_on_policy and self.tis_cap is not None and "rollout_log_probs" in batch:
+        if not self.on_policy and self.tis_cap is not None and "rollout_log_probs" in batch:
             w, tis_metrics = tis_weights(batch["old_log_probs"], batch["rollout_log_probs"], batch["response_mask"],
                                          self.tis_cap)
             batch = batch | Batch({"tis_weight": w})
         self.model.train()
-        minis = rl_mini_batches(batch, self.mini_batch_size, c.ppo_epochs, c.shuffle, self.gen, self.micro_batch_size,
+        minis = rl_mini_batches(batch, mini, c.ppo_epochs, c.shuffle, self.gen, self.micro_batch_size,
                                 c.max_tokens_per_micro_batch, model_device(self.model),
                                 lambda mini: agg_denominators(_loss_mask(mini).float()),
                                 by_group=share_prompt(self.mcfg, self.model))

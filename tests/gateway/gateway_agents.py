@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import time
 
@@ -98,6 +99,44 @@ def bad_return(base_url, api_key, row):
 
 async def slow_async(base_url, api_key, row):
     await asyncio.sleep(3600)
+
+
+def versioned(base_url, api_key, row):
+    """digits, with the weight version the gateway stamped on the answer as a metric."""
+    client = _client(base_url, api_key)
+    r = client.chat.completions.create(model="policy", messages=_messages(row), max_tokens=6)
+    text = r.choices[0].message.content or ""
+    return {"reward": sum(c.isdigit() for c in text) / max(len(text), 1),
+            "metrics": {"weight_version": float(r.model_extra["weight_version"])}}
+
+
+def two_turns_versioned(base_url, api_key, row):
+    """two_turns, with the weight versions of its two answers as metrics (they are equal)."""
+    client = _client(base_url, api_key)
+    msgs = _messages(row)
+    r = client.chat.completions.create(model="policy", messages=msgs, max_tokens=3)
+    msgs += [r.choices[0].message, {"role": "user", "content": "+1="}]
+    r2 = client.chat.completions.create(model="policy", messages=msgs, max_tokens=3)
+    return {"reward": float(any(c.isdigit() for c in r2.choices[0].message.content or "")),
+            "metrics": {"weight_version": float(r.model_extra["weight_version"]),
+                        "version_changed": float(r2.model_extra["weight_version"] != r.model_extra["weight_version"])}}
+
+
+def hangs_on_even(base_url, api_key, row):
+    """Hangs when the answer is even, else digits."""
+    if int(row["ground_truth"]) % 2 == 0:
+        time.sleep(3600)
+    return digits(base_url, api_key, row)
+
+
+_RUNS = itertools.count()
+
+
+def hangs_after_four(base_url, api_key, row):
+    """digits for the first four runs of this process's import, then hangs."""
+    if next(_RUNS) >= 4:
+        time.sleep(3600)
+    return digits(base_url, api_key, row)
 
 
 def mixed(base_url, api_key, row):

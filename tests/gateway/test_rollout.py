@@ -198,3 +198,11 @@ def test_client_disconnect_mid_generation(engine):
     finally:
         eng.continue_ids = slow
         ro.close()
+
+
+def test_row_versions_fill_harness_and_padding():
+    from reinforge.gateway.rollout import row_versions
+
+    assert row_versions([3, 3, -1, -1, 4], 7).tolist() == [3, 3, 3, 3, 4, 4, 4]
+    assert row_versions([-1, 2, -1], 4).tolist() == [2, 2, 2, 2]  # a leading harness id: the oldest stamp
+    assert row_versions([], 2).tolist() == [0, 0]

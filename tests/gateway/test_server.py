@@ -122,6 +122,58 @@ def test_tool_calls_through_tools_make_one_sequence(served):
     assert len(full) == len(s.prompt_ids) + len(s.mask)
 
 
+def test_stream_is_the_whole_answer_in_openai_chunks(served):
+    """stream=True through the openai client: the chunks carry what the plain answer carries."""
+    gw, _, _ = served
+    c = client(gw)
+    msgs = [{"role": "user", "content": "7*8="}]
+    plain = c.chat.completions.create(model="policy", messages=msgs, max_tokens=5, temperature=0, logprobs=True)
+    assert plain.choices[0].model_extra["token_ids"]  # something was sampled
+    chunks = list(c.chat.completions.create(model="policy", messages=msgs, max_tokens=5, temperature=0, logprobs=True,
+                                            stream=True, stream_options={"include_usage": True}))
+    assert all(ch.object == "chat.completion.chunk" for ch in chunks)
+    text = "".join(ch.choices[0].delta.content or "" for ch in chunks if ch.choices)
+    assert text == plain.choices[0].message.content
+    assert [ch.choices[0].finish_reason for ch in chunks if ch.choices] == [None, plain.choices[0].finish_reason]
+    lps = [x.logprob for ch in chunks if ch.choices and ch.choices[0].logprobs for x in ch.choices[0].logprobs.content]
+    assert lps == pytest.approx([x.logprob for x in plain.choices[0].logprobs.content])
+    assert chunks[0].choices[0].model_extra["token_ids"] == plain.choices[0].model_extra["token_ids"]
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens == plain.usage.completion_tokens
+    done = c.completions.create(model="policy", prompt="7*8=", max_tokens=5, temperature=0)
+    streamed = list(c.completions.create(model="policy", prompt="7*8=", max_tokens=5, temperature=0, stream=True))
+    assert "".join(ch.choices[0].text for ch in streamed) == done.choices[0].text
+    assert streamed[-1].choices[0].finish_reason == done.choices[0].finish_reason
+
+
+def test_streamed_tool_calls_continue_one_sequence(served):
+    """An agent that streams: the tool call assembled from the deltas, sent back with the tool's
+    result, continues the captured turn (one sequence), as a plain answer does."""
+    gw, engine, tok = served
+    enc = lambda s: tok(s, add_special_tokens=False)["input_ids"]  # noqa: E731
+    scripted = ScriptedEngine(engine, [enc("<calculator>12*3</calculator>"), enc("36") + [tok.eos_token_id]])
+    with scripted_gateway(scripted, tok, "tag") as gw2:
+        gw2.open_rollout("s")
+        c = client(gw2, "s")
+        msgs = [{"role": "user", "content": "12*3="}]
+        calls, finish = {}, None
+        for ch in c.chat.completions.create(model="policy", messages=msgs, tools=[CALC], stream=True):
+            for d in ch.choices[0].delta.tool_calls or []:
+                entry = calls.setdefault(d.index, {"id": d.id, "type": "function",
+                                                   "function": {"name": "", "arguments": ""}})
+                entry["function"]["name"] += d.function.name or ""
+                entry["function"]["arguments"] += d.function.arguments or ""
+            finish = ch.choices[0].finish_reason or finish
+        assert finish == "tool_calls" and json.loads(calls[0]["function"]["arguments"]) == {"expression": "12*3"}
+        msgs += [{"role": "assistant", "content": None, "tool_calls": [calls[0]]},
+                 {"role": "tool", "tool_call_id": calls[0]["id"], "content": "36"}]
+        text = "".join(ch.choices[0].delta.content or "" for ch in
+                       c.chat.completions.create(model="policy", messages=msgs, tools=[CALC], stream=True) if ch.choices)
+        assert text == "36"
+        log = gw2.end_rollout("s")
+    r = rebuild(log.calls)
+    assert (len(r.sequences), r.edited) == (1, 0) and log.continued == 1
+
+
 def _post(url: str, data: bytes, key: str = "secret") -> tuple[int, dict]:
     req = urllib.request.Request(url, data=data, headers={"Content-Type": "application/json",
                                                           "Authorization": f"Bearer {key}"})
@@ -139,7 +191,9 @@ def _post(url: str, data: bytes, key: str = "secret") -> tuple[int, dict]:
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "n": 0}).encode(), 400, "n"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}).encode(), 400, "temperature"),
     (json.dumps({"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}).encode(), 400, "tool_choice"),
-    (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True}).encode(), 400, "stream"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": "yes"}).encode(), 400, "stream"),
+    (json.dumps({"messages": [{"role": "user", "content": "x"}], "stream": True,
+                 "stream_options": {"include_usage": 1}}).encode(), 400, "stream_options"),
 ])
 def test_malformed_requests_get_openai_errors(served, body, status, param):
     gw, _, _ = served

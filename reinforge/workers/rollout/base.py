@@ -78,7 +78,9 @@ class Rollout(Protocol):
         """prompts: non-tensor `prompt_ids` (token lists) and `uid` (B0,) plus per-prompt fields ->
         B rows: prompts (B, P), responses (B, T), input_ids / attention_mask (B, P+T),
         response_mask (B, T), group_ids (B,), truncated (B,), rollout_log_probs (B, T) when
-        `records_log_probs`; meta: the sampling distribution (temperature, top_k, top_p)."""
+        `records_log_probs`; meta: the sampling distribution (temperature, top_k, top_p).
+        prompts.meta["policy_version"], when the caller knows it, is the version of the weights
+        generating (the trainer's completed steps); rollout.agent stamps its calls with it."""
         ...
 
     def continue_ids(self, contexts: list[list[int]], max_new: int, *, greedy: bool,

@@ -99,10 +99,14 @@ class LocalBehaviour:
         import torch
 
         self.rollout.generator = self.stream if seed is None else torch.Generator().manual_seed(seed)
+        # the weights' version in the prompts' meta (a shallow copy): rollout.agent stamps its calls with it
+        prompts = type(prompts)(dict(prompts.tensors), dict(prompts.non_tensors),
+                                {**prompts.meta, "policy_version": self.version})
         if refresh is None:
             batch = self.rollout.generate(prompts, n=n, temperature=temperature)
-            T = batch["responses"].shape[1] if "responses" in batch.tensors else 0
-            batch["token_versions"] = torch.full((len(batch), T), self.version, dtype=torch.long)
+            if "token_versions" not in batch.tensors:  # rollout.agent's rows carry their calls' stamps
+                T = batch["responses"].shape[1] if "responses" in batch.tensors else 0
+                batch["token_versions"] = torch.full((len(batch), T), self.version, dtype=torch.long)
         else:
             if not self.partial_ok:
                 raise NotImplementedError("this rollout cannot swap weights mid-generation (rollout.partial)")
@@ -112,6 +116,20 @@ class LocalBehaviour:
         batch["policy_version"] = tv[:, 0].clone() if tv.shape[1] else torch.full((len(batch),), self.version,
                                                                                    dtype=torch.long)
         return batch
+
+
+    def interrupt(self) -> None:
+        """Cut short a generate() in progress on another thread, when the rollout copy can
+        (rollout.agent: its agents' round ends now, and generate() raises)."""
+        interrupt = getattr(self.rollout, "interrupt", None)
+        if interrupt is not None:
+            interrupt()
+
+    def close(self) -> None:
+        """Close the rollout copy when it holds a resource (rollout.agent: its model gateway)."""
+        close = getattr(self.rollout, "close", None)
+        if close is not None:
+            close()
 
 
 def load_trainable(model, snapshot) -> None:
