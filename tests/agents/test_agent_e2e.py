@@ -11,38 +11,18 @@ from safetensors.torch import load_file
 
 from reinforge.config.load import load_config
 from reinforge.config.schema import RLConfig
-from reinforge.tasks.tags import format_tag_call, format_tag_result
 from reinforge.trainers.rl import RLTrainer
+from tests.agents.tool_model import NUMBERS, train_tool_model
 from tests.conftest import fit_until_crash
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 FNS = Path(__file__).with_name("agent_fns.py")
-NUMBERS = [f"{a}{b}" for a in range(1, 10) for b in range(10) if a != b][:24]
 
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory) -> str:
-    """The tiny Qwen2 taught `12:` -> `<rev>12</rev><r>21</r>21<eos>` by a few hundred Adam steps
-    on whole sequences (seconds), so that sampled episodes call the tool."""
-    from reinforge.models.loading import load_causal_lm
-    from reinforge.models.tiny import make_tiny_model
-    from reinforge.tasks import build_char_tokenizer
-
-    out = str(tmp_path_factory.mktemp("tool_model"))
-    tok = build_char_tokenizer()
-    make_tiny_model(tok, out, seed=0, hidden_size=64, num_layers=2, num_heads=4, num_kv_heads=2, intermediate_size=128)
-    model = load_causal_lm(out, dtype="float32", device="cpu")
-    texts = [f"{x}:" + format_tag_call("rev", x) + format_tag_result(x[::-1]) + x[::-1] for x in NUMBERS]
-    ids = torch.as_tensor([tok(t)["input_ids"] + [tok.eos_token_id] for t in texts])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    for _ in range(250):
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.save_pretrained(out)
-    return out
+    """The tiny Qwen2 taught to call `rev` (tests/agents/tool_model.py)."""
+    return train_tool_model(str(tmp_path_factory.mktemp("tool_model")), num_heads=4, num_kv_heads=2)
 
 
 def _data(tmp_path) -> str:

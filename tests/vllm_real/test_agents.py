@@ -17,37 +17,18 @@ import torch
 pytest.importorskip("vllm", reason="the real-vLLM tests run in .venv-vllm: make test-vllm")
 pytestmark = pytest.mark.vllm
 
+from tests.agents.tool_model import NUMBERS, train_tool_model  # noqa: E402
 from tests.vllm_real.conftest import ENGINE_KW  # noqa: E402
 from tests.vllm_real.test_train import VLLM, _steps  # noqa: E402
 
 TESTS = Path(__file__).parents[1]
 AGENT = f"{TESTS / 'gateway' / 'gateway_agents.py'}:rev_tool"
-NUMBERS = [f"{a}{b}" for a in range(1, 10) for b in range(10) if a != b][:24]
 
 
 @pytest.fixture(scope="module")
 def tool_model(tmp_path_factory) -> str:
-    """The tiny Qwen2 (2 heads of 32) taught to call `rev` on `NN:` by 250 Adam steps (seconds)."""
-    from reinforge.models.loading import load_causal_lm
-    from reinforge.models.tiny import make_tiny_model
-    from reinforge.tasks import build_char_tokenizer
-    from reinforge.tasks.tags import format_tag_call, format_tag_result
-
-    out = str(tmp_path_factory.mktemp("vllm_tool_model"))
-    tok = build_char_tokenizer()
-    make_tiny_model(tok, out, seed=0, hidden_size=64, num_layers=2, num_heads=2, num_kv_heads=1, intermediate_size=128)
-    model = load_causal_lm(out, dtype="float32", device="cpu")
-    texts = [f"{x}:" + format_tag_call("rev", x) + format_tag_result(x[::-1]) + x[::-1] for x in NUMBERS]
-    ids = torch.as_tensor([tok(t)["input_ids"] + [tok.eos_token_id] for t in texts])
-    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    torch.manual_seed(0)
-    for _ in range(250):
-        loss = model(input_ids=ids, labels=ids).loss
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-    model.save_pretrained(out)
-    return out
+    """The tiny Qwen2 taught to call `rev` (tests/agents/tool_model.py), 2 heads of 32: vLLM's CPU attention takes head sizes of 32 and up."""
+    return train_tool_model(str(tmp_path_factory.mktemp("vllm_tool_model")), num_heads=2, num_kv_heads=1)
 
 
 @pytest.fixture(scope="module")
