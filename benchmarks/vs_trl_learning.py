@@ -51,12 +51,15 @@ LR = 1e-5
 
 
 def _time_v(stderr: str) -> dict:
-    """User + system CPU seconds and peak RSS (GB) from /usr/bin/time -v's report."""
+    """User + system CPU seconds, wall seconds and peak RSS (GB) from /usr/bin/time -v's report."""
     out = {}
     for line in stderr.splitlines():
         line = line.strip()
         if line.startswith(("User time (seconds)", "System time (seconds)")):
             out["cpu_s"] = out.get("cpu_s", 0.0) + float(line.rsplit(":", 1)[1])
+        elif line.startswith("Elapsed (wall clock) time"):  # h:mm:ss or m:ss(.ss)
+            parts = [float(x) for x in line.rsplit(": ", 1)[1].split(":")]
+            out["wall_s"] = sum(x * 60 ** i for i, x in enumerate(reversed(parts)))
         elif line.startswith("Maximum resident set size"):
             out["peak_rss_gb"] = int(line.rsplit(":", 1)[1]) * 1024 / 1e9
     return out
@@ -75,7 +78,7 @@ def finish(proc: subprocess.Popen, t0: float, log: Path, what: str) -> dict:
     text = log.read_text()
     if rc != 0:
         raise SystemExit(f"{what} failed (rc {rc}), log {log}:\n{text[-3000:]}")
-    return {**_time_v(text), "wall_s": time.time() - t0}
+    return {"wall_s": time.time() - t0, **_time_v(text)}  # the process's own wall time (not when it was reaped)
 
 
 def reinforge_cmd(args, train: str, prompt_len: int, run_dir: Path, seed: int) -> list[str]:
