@@ -193,14 +193,12 @@ def check_agent_gateway(cfg: RLConfig) -> None:
         return
     need(r.max_turns == 1 and not r.tools and not r.env,
          "rollout.agent runs its own loop: drop rollout.max_turns / rollout.tools / rollout.env")
-    if r.staleness > 0:  # the producer drives the agents on the behaviour copy (trainers/async_rollout.py)
+    if r.staleness > 0:  # the producer drives the agents on the behaviour copy (trainers/async_rollout.py;
+        # on Ray each rollout worker serves its share's agents: distributed/rollout_workers.py)
         need(r.schedule == "timing", "rollout.agent with rollout.staleness > 0: rollout.schedule=timing only (agents "
                                      "running concurrently make no deterministic schedule); set rollout.schedule=timing")
         need(not r.partial, "rollout.agent with rollout.staleness > 0: rollout.partial=false (the behaviour weights "
                             "change between chunks only); set rollout.partial=false")
-    need(cfg.trainer.backend == "local" or r.staleness == 0,
-         "rollout.agent on trainer.backend=ray runs with rollout.staleness=0 (each rank serves its share's agents; "
-         "the asynchronous rollout workers do not serve agents)")
     need(not r.ignore_eos, "rollout.agent: EOS ends a model call; set rollout.ignore_eos=false")
     check_choice(r.agent_history, ("split", "drop"), "rollout.agent_history")
     need(r.agent_concurrency >= 1, f"rollout.agent_concurrency={r.agent_concurrency} must be >= 1")

@@ -25,6 +25,11 @@ of the asynchronous producer (workers/rollout/behaviour.py) when it runs disaggr
 - Partial rollouts (rollout.partial): a worker inside a generation asks the driver for newer
   weights through a PublicationBoard actor (partial.py); the producer's own refresh closure
   answers, on the driver, with a publication's handle, so the schedule is decided as locally.
+- rollout.agent (reinforge.gateway): each worker's engine is a GatewayRollout, so a worker serves
+  its share's agents through a gateway on its own loopback; the shares merge as one engine would
+  return them (engine.merge_shares: every share's rows first, then the split sequences), the
+  dropped runs' negative group ids numbered over the whole run. The producer's stop() interrupts
+  the workers' agents (the actors take that call while generating: two threads each).
 """
 from __future__ import annotations
 
@@ -33,7 +38,7 @@ import sys
 
 import torch
 
-from reinforge.distributed.engine import prompt_seed
+from reinforge.distributed.engine import merge_shares, prompt_seed
 from reinforge.distributed.publication import Publication
 from reinforge.distributed.transport import ObjectStoreTransport, TransferTimeout
 from reinforge.protocol import Batch
@@ -70,6 +75,10 @@ class RolloutWorker:
     def partial_ok(self) -> bool:
         return self.policy.partial_ok
 
+    def interrupt(self) -> None:
+        """End the agents of a generate() in progress (rollout.agent; else a no-op): it raises."""
+        self.policy.interrupt()
+
     def generate(self, prompts: Batch, n: int, temperature: float, seed: int | None, partial=None):
         """-> the rows; with `partial` = (board, key, at, timeout_s), a partial generation
         (partial.worker_refresh) -> (the rows, the version held at its end)."""
@@ -103,6 +112,9 @@ class RayBehaviour:
     """The BehaviourPolicy (workers/rollout/behaviour.py) of a disaggregated Ray run: M rollout
     worker actors fed with publications from the trainer ranks (`group`, a RayWorkerGroup)."""
 
+    worker_cpus: float | None = None
+    """Ray CPUs each worker reserves (None: its torch threads); a small test cluster lowers it."""
+
     def __init__(self, group, plan, make_rollout, *, workers: int, timeout_s: float, staleness: int,
                  threads: int = 1, on_published=None):
         """`on_published()`: called on the trainer thread once a step's publication is built and
@@ -112,7 +124,11 @@ class RayBehaviour:
         self.group, self.plan, self.make_rollout, self.threads = group, plan, make_rollout, threads
         self.on_published = on_published
         self.timeout_s, self.staleness = timeout_s, staleness
-        self.remote = ray.remote(RolloutWorker).options(num_cpus=threads)
+        agents = bool(plan.cfg.rollout.agent)  # a second thread takes interrupt() during a generate()
+        self.remote = ray.remote(RolloutWorker).options(
+            num_cpus=threads if self.worker_cpus is None else self.worker_cpus, max_concurrency=2 if agents else 1)
+        self.interrupted = False  # interrupt() was called (the producer's stop)
+        self.void = 0  # rollout.agent: dropped runs so far, their rows' group ids -1, -2, ... over the run
         self.workers = [self._start(i) for i in range(workers)]
         self.version, self.latest, self.restarts, self.timeouts = -1, None, 0, 0
         self.schedule = plan.cfg.rollout.schedule
@@ -187,7 +203,14 @@ class RayBehaviour:
         from reinforge.workers.rollout.vlm import own_vision
 
         outs = self._call(shares, call) if refresh is None else self._generate_partial(shares, call, refresh)
-        return own_vision(prompts, Batch.concat(outs) if len(outs) > 1 else outs[0])  # image prompts: the driver's objects
+        out = merge_shares(outs, [hi - lo for _, lo, hi in shares], n) if len(outs) > 1 else outs[0]
+        if "group_ids" in out.tensors and bool((out["group_ids"] < 0).any()):  # rollout.agent's dropped runs
+            gid = out["group_ids"].clone()
+            void = gid < 0
+            gid[void] = -self.void - torch.arange(1, int(void.sum()) + 1, dtype=gid.dtype)  # unique over the run
+            self.void += int(void.sum())
+            out["group_ids"] = gid
+        return own_vision(prompts, out)  # image prompts: the driver's objects
 
     def _generate_partial(self, shares: list, call, refresh) -> list:
         """The shares of one partial generation, relaying the workers' questions (partial.py) to
@@ -242,6 +265,13 @@ class RayBehaviour:
         answer = None if key[0] != gen or self.version == held else (self.version, self.latest)
         self.board.reply.remote(key, answer)
 
+    def interrupt(self) -> None:
+        """The producer's stop(): end the agents of a chunk in progress on every worker now
+        (rollout.agent; its generate() then raises), without waiting for the answer."""
+        self.interrupted = True
+        for w in self.workers:
+            w.interrupt.remote()
+
     def pids(self) -> list[int]:
         import ray
 
@@ -280,6 +310,13 @@ class RayBehaviour:
                 except ray.exceptions.GetTimeoutError:
                     raise TransferTimeout(f"rollout worker {s[0]} did not answer within {timeout:g} s") from None
                 except ray.exceptions.RayTaskError as e:
+                    if self.interrupted:  # the other workers' interrupted calls: read, not logged as unhandled
+                        for other in refs:
+                            if other is not ref and refs[other] not in out:
+                                try:
+                                    ray.get(other, timeout=10)
+                                except Exception:  # noqa: BLE001 - each fails as this one did
+                                    pass
                     raise e.as_instanceof_cause() from None
         return [out[s] for s in items]
 

@@ -16,7 +16,8 @@ Batching: requests wait in a queue; the batcher takes every request that arrives
 `window_s` of the first, groups them by sampling settings and runs one engine call a group
 (`continue_ids`, each choice a row, `micro_batch_size` rows at most) in one worker thread, while
 the event loop keeps accepting. Errors are OpenAI's body, {"error": {"message", "type", "param",
-"code"}}, with 400 / 401 / 404 / 409 / 500; one request's error never stops the server.
+"code"}}, with 400 / 401 / 404 / 409 / 500 (an engine's ValueError, a request it refuses, is a
+400 of that request alone); one request's error never stops the server.
 
 Answers add three fields OpenAI clients keep as extras: `prompt_token_ids`, `weight_version`
 and each choice's `token_ids` (the ids exactly as sampled).
@@ -388,17 +389,36 @@ class Gateway:
             for (greedy, sampling), group in groups.items():
                 version = self.version  # the weights that sample this group (they change between rounds only)
                 try:
-                    outs = await loop.run_in_executor(self._pool, self._generate, group, greedy, sampling)
-                except Exception as e:  # noqa: BLE001 - every waiting request gets the error
-                    for j in group:
-                        if not j.future.done():
-                            j.future.set_exception(e)
-                    continue
+                    await self._run_group(loop, group, greedy, sampling, version)
                 finally:
                     self._job_done(group)
-                for j, rows in zip(group, outs):
-                    if not j.future.done():
-                        j.future.set_result((rows, version))
+
+    async def _run_group(self, loop, group: list[Job], greedy: bool, sampling, version: int) -> None:
+        """One engine call for `group`, answering each request's future. An engine's ValueError
+        is a request it refuses (vLLM: a temperature in (0, 0.01), a context beyond its
+        max_model_len): that request's 400. In a group of several, each request is then tried
+        alone, so that the others are answered."""
+        try:
+            outs = await loop.run_in_executor(self._pool, self._generate, group, greedy, sampling)
+        except ValueError as e:
+            if len(group) > 1:
+                for j in group:
+                    await self._run_group(loop, [j], greedy, sampling, version)
+                return
+            self._fail(group, GatewayError(400, f"the engine refused the request: {e}"))
+            return
+        except Exception as e:  # noqa: BLE001 - every waiting request gets the error
+            self._fail(group, e)
+            return
+        for j, rows in zip(group, outs):
+            if not j.future.done():
+                j.future.set_result((rows, version))
+
+    @staticmethod
+    def _fail(group: list[Job], error: Exception) -> None:
+        for j in group:
+            if not j.future.done():
+                j.future.set_exception(error)
 
     def _scanner(self, stops: list[str]):
         from reinforge.agents.loop import StopScanner

@@ -40,7 +40,8 @@ the next steps' samples with a behaviour copy of the policy while the trainer up
   weights change between chunks only); the rows' token_versions are those stamps and their
   rollout_log_probs the captured log-probs. A chunk's rows beyond c x n (rollout.agent_history
   =split's extra sequences, their prompt's uid as group id) are taken with their group
-  (`rows_of`); stop() interrupts the chunk's agents instead of waiting for their deadline.
+  (`rows_of`); stop() interrupts the chunk's agents instead of waiting for their deadline. On
+  Ray (trainer.rollout_workers), each worker serves its share's agents (distributed/rollout_workers.py).
 - Scoring stays on the trainer thread (the reward workers are not shared across threads).
 - Resume, timing: `resume_point` is where the first prompt not yet trained on came from (loader
   state before its round, offset in the round, uid); a checkpoint stores it, so no prompt is
@@ -241,8 +242,9 @@ class AsyncProducer:
         with self.cond:
             self.stopping = True
             self.cond.notify_all()
-        if isinstance(self.policy, LocalBehaviour):  # rollout.agent: hung agents need not hold the stop
-            self.policy.interrupt()
+        interrupt = getattr(self.policy, "interrupt", None)  # local or Ray (its rollout workers)
+        if interrupt is not None:  # rollout.agent: hung agents need not hold the stop
+            interrupt()
         self.thread.join(STOP_TIMEOUT_S)
         if self.thread.is_alive():
             print(f"[reinforge] warning: the asynchronous rollout producer did not stop within {STOP_TIMEOUT_S:.0f} s",

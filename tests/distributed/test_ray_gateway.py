@@ -5,6 +5,7 @@ dropped runs' groups numbered over the whole batch."""
 from __future__ import annotations
 
 import json
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +66,70 @@ def test_grpo_with_an_openai_client_agent_on_two_ranks(ray_cluster, tiny_model_d
     assert step["agent/gateway/edited_calls"] == n * kinds.count(0)
     assert step["agent/gateway/sequences"] == n * (2 * kinds.count(0) + kinds.count(2))
     assert torch.isfinite(torch.tensor(last["actor/pg_loss"])) and "val/acc_greedy" in last
+
+
+@pytest.mark.slow
+def test_async_agents_on_two_rollout_workers(ray_cluster, tiny_model_dir, arith_data, tmp_path, monkeypatch):
+    """trainer.backend=ray, rollout.staleness=1, 2 rollout-worker actors (distributed/rollout_workers.py):
+    each worker serves its half of a chunk's agents through its own gateway; a step's counts are both
+    workers' summed, the rows come back as one engine's (B0 x n, then the split sequences, the dropped
+    runs' groups unique), every token stamped with the version that sampled it (one step: v0); the
+    next chunk's agents, which hang, are interrupted at the end instead of awaiting their deadline."""
+    pytest.importorskip("openai")
+    from reinforge.config.load import load_config
+    from reinforge.config.schema import RLConfig
+    from reinforge.data.io import load_rows, write_rows
+    from reinforge.distributed.rollout_workers import RayBehaviour
+    from reinforge.trainers import async_rollout
+    from reinforge.trainers.rl import RLTrainer
+
+    rows, picked = load_rows(arith_data["train"]), {}
+    for r in rows:  # one prompt of each kind, then one more of any: every chunk
+        picked.setdefault(mixed_kind(r["prompt"]), r)
+    batch = list(picked.values()) + [next(r for r in rows if r not in picked.values())]
+    kinds = [mixed_kind(r["prompt"]) for r in batch]
+    train = write_rows(batch, str(tmp_path / "train.parquet"))
+    batches, collect = [], async_rollout.collect
+
+    def spy_collect(*a, **k):
+        out = collect(*a, **k)
+        batches.append(out[0])
+        return out
+
+    monkeypatch.setattr(async_rollout, "collect", spy_collect)
+    monkeypatch.setattr(RayBehaviour, "worker_cpus", 0.5)  # 1 rank + 2 workers on the session's 2 CPUs
+    extra = {"rollout.agent": f"{AGENTS}:mixed_then_hangs", "reward.functions": "[]", "trainer.backend": "ray",
+             "rollout.staleness": 1, "rollout.agent_timeout_s": 300, "trainer.val_every": 100,
+             "trainer.rollout_workers": 2, "rollout.stream_prompts": 4,
+             "trainer.val_before_train": False, "trainer.total_steps": 1, "trainer.export_hf": False,
+             "data.train_files": f"[{train}]", "rollout.max_response_length": 16, "data.max_prompt_length": 16,
+             "actor.use_kl_loss": False}
+    run = tmp_path / "run"
+    cfg = load_config(RLConfig, "grpo", rl_overrides(tiny_model_dir, arith_data, str(run), **extra))
+    trainer = RLTrainer(cfg)
+    trainer.val_items = []  # the final validation's agents would hang too
+    t0 = time.monotonic()
+    trainer.fit()
+    assert time.monotonic() - t0 < 120  # not the hung agents' 300 s deadline
+    steps = [json.loads(x) for x in (run / "metrics.jsonl").read_text().splitlines()]
+    steps = [r for r in steps if "actor/pg_loss" in r]
+    n, B = cfg.rollout.n, 4 * cfg.rollout.n
+    assert len(steps) == len(batches) == 1 and cfg.data.train_batch_size == 4 and set(kinds) == {0, 1, 2}
+    r, b = steps[0], batches[0]
+    assert r["agent/gateway/runs"] == B  # the two workers' rounds (2 prompts each) summed
+    assert len({id(t["gateway"]) for t in b["trajectory"]}) == 2
+    assert r["agent/gateway/dropped_raised"] == r["agent/gateway/dropped"] == n * kinds.count(1)
+    assert r["agent/gateway/sequences"] == n * (2 * kinds.count(0) + kinds.count(2))
+    gid, mask = b["group_ids"], b["response_mask"].bool()
+    assert len(b) == B + n * kinds.count(0)  # the B0 x n rows, then the edited runs' first sequences
+    heads = gid[:B].view(4, n)  # each prompt's n rows together: its uid, or n dropped runs
+    assert all(bool((g == g[0]).all() and g[0] >= 0) or bool((g < 0).all()) for g in heads)
+    assert set(gid[B:].tolist()) <= set(heads[heads >= 0].tolist())  # extras join their prompt's group
+    voids = gid[gid < 0].tolist()
+    assert len(voids) == n * kinds.count(1) == len(set(voids))  # a group of its own each
+    # step 1's rows: sampled by v0, the only version published before it; every token stamped with it
+    assert b["policy_version"].tolist() == [0] * len(b) and r["rollout/staleness_max"] == 0.0
+    assert bool((b["token_versions"][mask] == 0).all())
+    lp = b["rollout_log_probs"]  # the captured behaviour log-probs, which truncated IS reads
+    assert bool((lp[mask] <= 0).all()) and bool((lp[mask] < 0).any()) and bool((lp[~mask] == 0).all())
+    assert "rollout/is_weight_mean" in r and torch.isfinite(torch.tensor(r["actor/pg_loss"]))

@@ -150,5 +150,13 @@ def mixed(base_url, api_key, row):
     return digits(base_url, api_key, row)
 
 
+def mixed_then_hangs(base_url, api_key, row):
+    """`mixed` in its gateway's first round (rollout ids g1-...), then hangs: what only the
+    producer's stop (an interrupt) ends before the deadline."""
+    if "/rollouts/g1-" not in base_url:
+        time.sleep(3600)
+    return mixed(base_url, api_key, row)
+
+
 def mixed_kind(prompt) -> int:
     return sum(map(ord, json.dumps(prompt))) % 3

@@ -30,7 +30,7 @@ def _cfg(tiny_model_dir, arith_data, run_dir, **extra) -> RLConfig:
     ({"rollout.agent": "missing_file.py:run"}, "rollout.agent"),
     ({"rollout.staleness": 1, "rollout.schedule": "deterministic"}, "rollout.schedule=timing"),
     ({"rollout.staleness": 1, "rollout.partial": True}, "rollout.partial=false"),
-    ({"trainer.backend": "ray", "rollout.staleness": 1}, "rollout.staleness=0"),
+    ({"trainer.backend": "ray", "rollout.staleness": 1, "rollout.partial": True}, "rollout.partial=false"),
     ({"rollout.max_turns": 3, "rollout.tools": "[calculator]"}, "its own loop"),
     ({"rollout.agent_history": "merge"}, "rollout.agent_history"),
     ({"rollout.agent_timeout_s": 0}, "agent_timeout_s"),

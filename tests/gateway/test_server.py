@@ -263,3 +263,44 @@ def test_hermes_tool_calls_on_a_chatml_template(real_qwen_dir):
     assert s.mask == [1] * len(sampled_call) + [0] * n_obs + [1] * len(answer)
     obs = tok.decode(s.response_ids[len(sampled_call):len(sampled_call) + n_obs])
     assert obs == "<|im_end|>\n<|im_start|>user\n<tool_response>\n36\n</tool_response><|im_end|>\n<|im_start|>assistant\n"
+
+
+class Refusing:
+    """The lean engine, refusing a context longer than `limit` ids with a ValueError (as vLLM
+    refuses one beyond its max_model_len, or a temperature in (0, 0.01))."""
+
+    def __init__(self, engine, limit: int):
+        self.inner, self.limit = engine, limit
+        self.T, self.eos_ids, self.top_k, self.micro_batch_size = engine.T, engine.eos_ids, 0, 64
+        self.calls = 0
+
+    def continue_ids(self, contexts, max_new, **kw):
+        self.calls += 1
+        if any(len(c) > self.limit for c in contexts):
+            raise ValueError(f"a context is longer than {self.limit} tokens")
+        return self.inner.continue_ids(contexts, max_new, **kw)
+
+
+def test_an_engines_value_error_is_that_requests_400(served):
+    """Two requests batched into one engine call, one of which the engine refuses: that one gets
+    a 400 OpenAI error, the other its answer (each tried alone), and the server goes on."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    _, engine, tok = served
+    refusing = Refusing(engine, limit=len(tok("1+1=")["input_ids"]) + 8)
+    gw = Gateway(refusing, tok, get_parser("tag"), api_key="secret", window_s=1.0)  # both in one batch
+    gw.start()
+    try:
+        def ask(prompt):
+            try:
+                return client(gw).completions.create(model="policy", prompt=prompt, max_tokens=2)
+            except openai.BadRequestError as e:
+                return e
+        with ThreadPoolExecutor(2) as pool:
+            short, long = pool.map(ask, ["1+1=", "1+1=" * 20])
+        assert isinstance(long, openai.BadRequestError) and long.status_code == 400
+        assert "engine refused the request" in str(long) and long.body["type"] == "invalid_request_error"
+        assert len(short.choices[0].model_extra["token_ids"]) <= 2
+        assert refusing.calls == 3 and gw.counters["errors"] == 1  # the batch, then each alone
+    finally:
+        gw.close()
