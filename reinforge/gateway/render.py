@@ -185,3 +185,16 @@ def assistant_message(tokenizer, parser, sampled: list[int], tools: list[Tool]) 
     content = tokenizer.decode(encode(tokenizer, content), skip_special_tokens=True)  # EOS out (text only)
     return {"role": "assistant", "content": content.strip(),
             "tool_calls": [{"name": c.name, "arguments": c.arguments} for c in calls]}, calls
+
+
+def number(body: dict, key: str, default, lo, hi, kind=float):
+    """A request's numeric field (`default` when absent or null), checked: a RequestError naming
+    the key when it is not a number of that kind or lies outside [lo, hi]."""
+    v = body.get(key, default)
+    if v is None:
+        v = default
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
+        raise RequestError(f"{key} must be a number", key)
+    if not lo <= v <= hi:
+        raise RequestError(f"{key}={v} is out of range [{lo}, {hi}]", key)
+    return kind(v)

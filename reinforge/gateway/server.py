@@ -35,8 +35,9 @@ from dataclasses import dataclass, field
 from aiohttp import web
 
 from reinforge.gateway.capture import Call
-from reinforge.gateway.render import (RequestError, Turn, assistant_message, encode, normalize, prompt_ids,
+from reinforge.gateway.render import (RequestError, Turn, assistant_message, encode, normalize, number, prompt_ids,
                                       request_tools)
+from reinforge.gateway.answers import logprobs_body, openai_message, strip_stop
 from reinforge.gateway.stream import send_stream
 
 ROLLOUT_HEADER = "X-Reinforge-Rollout"
@@ -82,17 +83,6 @@ class Job:
     future: asyncio.Future
     log: RolloutLog | None = None
     """Its rollout's log (None: a call outside rollouts); an ended rollout's job is not generated."""
-
-
-def _number(body: dict, key: str, default, lo, hi, kind=float):
-    v = body.get(key, default)
-    if v is None:
-        v = default
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or (kind is int and not isinstance(v, int)):
-        raise RequestError(f"{key} must be a number", key)
-    if not lo <= v <= hi:
-        raise RequestError(f"{key}={v} is out of range [{lo}, {hi}]", key)
-    return kind(v)
 
 
 class Gateway:
@@ -288,18 +278,18 @@ class Gateway:
 
     def _prepare(self, body: dict, log: RolloutLog | None, chat: bool) -> dict:
         """Validate a request and render its prompt ids (render.py) -> what the batcher and the answer need."""
-        n = _number(body, "n", 1, 1, 64, int)
-        temperature = _number(body, "temperature", 1.0, 0.0, 2.0)
-        top_p = _number(body, "top_p", 1.0, 0.0, 1.0)
+        n = number(body, "n", 1, 1, 64, int)
+        temperature = number(body, "temperature", 1.0, 0.0, 2.0)
+        top_p = number(body, "top_p", 1.0, 0.0, 1.0)
         if top_p == 0.0:
             raise RequestError("top_p must be > 0", "top_p")
         max_key = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
-        max_new = _number(body, max_key, self.max_tokens, 1, 1 << 20, int)
+        max_new = number(body, max_key, self.max_tokens, 1, 1 << 20, int)
         stops = body.get("stop") or []
         stops = [stops] if isinstance(stops, str) else stops
         if not isinstance(stops, list) or not all(isinstance(s, str) and s for s in stops) or len(stops) > 4:
             raise RequestError("stop must be a string or a list of at most 4 non-empty strings", "stop")
-        if _number(body, "top_logprobs", 0, 0, 20, int) > 0:
+        if number(body, "top_logprobs", 0, 0, 20, int) > 0:
             raise RequestError("top_logprobs > 0 is not supported: only the sampled tokens' log-probs are returned",
                                "top_logprobs")
         logprobs = body.get("logprobs")
@@ -462,13 +452,13 @@ class Gateway:
         choices, completion_tokens = [], 0
         for i, (ids, logp, finish) in enumerate(rows):
             completion_tokens += len(ids)
-            lp = self._logprobs(ids, logp, chat) if prep["logprobs"] else None
+            lp = logprobs_body(self.tok, ids, logp, chat) if prep["logprobs"] else None
             turn = None
             if chat:
                 msg, calls = assistant_message(self.tok, self.parser, ids, prep["tools"])
                 if calls:
                     finish = "tool_calls"
-                sent = self._openai_message(msg, prep["user_stops"])
+                sent = openai_message(msg, prep["user_stops"])
                 returned = {"role": "assistant", "content": sent["content"] or ""}  # as a continuing request holds it
                 if msg.get("tool_calls"):
                     returned["tool_calls"] = msg["tool_calls"]
@@ -478,7 +468,7 @@ class Gateway:
                                 "message": sent})
             else:
                 choices.append({"index": i, "finish_reason": finish, "logprobs": lp, "token_ids": ids,
-                                "text": self._strip_stop(self.tok.decode(ids, skip_special_tokens=True),
+                                "text": strip_stop(self.tok.decode(ids, skip_special_tokens=True),
                                                          prep["user_stops"])})
             if log is not None:
                 with self.lock:
@@ -498,31 +488,3 @@ class Gateway:
                 "weight_version": version,
                 "usage": {"prompt_tokens": len(prep["ids"]), "completion_tokens": completion_tokens,
                           "total_tokens": len(prep["ids"]) * len(rows) + completion_tokens}}
-
-    @staticmethod
-    def _strip_stop(text: str, stops: list[str]) -> str:
-        """OpenAI leaves a request's stop string out of the text (the captured ids keep it)."""
-        for s in stops:
-            if s in text:
-                text = text[:text.index(s)]
-        return text
-
-    def _openai_message(self, msg: dict, user_stops: list[str]) -> dict:
-        out = {"role": "assistant", "content": self._strip_stop(msg["content"], user_stops)}
-        if msg.get("tool_calls"):
-            out["content"] = out["content"] or None
-            out["tool_calls"] = [{"id": f"call_{uuid.uuid4().hex[:24]}", "type": "function",
-                                  "function": {"name": c["name"], "arguments": json.dumps(c["arguments"])}}
-                                 for c in msg["tool_calls"]]
-        return out
-
-    def _logprobs(self, ids: list[int], logp: list[float], chat: bool) -> dict:
-        tokens = [self.tok.decode([t], skip_special_tokens=False) for t in ids]
-        if chat:
-            return {"content": [{"token": s, "logprob": lp, "bytes": list(s.encode("utf-8")), "top_logprobs": []}
-                                for s, lp in zip(tokens, logp)], "refusal": None}
-        offsets, pos = [], 0
-        for s in tokens:
-            offsets.append(pos)
-            pos += len(s)
-        return {"tokens": tokens, "token_logprobs": logp, "top_logprobs": None, "text_offset": offsets}
