@@ -257,7 +257,9 @@ class VLLMRollout:
         strings = getattr(stop, "stop_strings", None) or [[] for _ in contexts]
         seeds = [None] * len(contexts) if greedy else \
             torch.randint(0, 2 ** 31 - 1, (len(contexts),), generator=self.generator).tolist()
-        params = [self._turn_params(max(1, min(b, max_new, window - len(c))), s, greedy, sampling, seed)
+        temperature, top_k, top_p = sampling
+        params = [self._params(1, temperature, greedy, seed, top_k=top_k, top_p=top_p,
+                               max_tokens=max(1, min(b, max_new, window - len(c))), stops=s)
                   for c, b, s, seed in zip(contexts, budgets, strings, seeds)]
         with self._threads():
             outs = self.llm.generate([{"prompt_token_ids": list(c)} for c in contexts], params, use_tqdm=False)
@@ -269,20 +271,6 @@ class VLLMRollout:
             ids[row, :len(got)] = torch.as_tensor(got, dtype=torch.long)
             logp[row, :len(got)] = torch.tensor([lp[t].logprob for lp, t in zip(c.logprobs, got)])
         return ids, logp
-
-    def _turn_params(self, max_tokens: int, stops: list[str], greedy: bool, sampling: tuple[float, int, float],
-                     seed: int | None):
-        """One continue_ids row's SamplingParams (its own budget, stop strings and seed)."""
-        temperature, top_k, top_p = sampling
-        if not greedy:
-            check_temperature(temperature, "the sampling temperature")
-        from vllm import SamplingParams
-
-        return SamplingParams(n=1, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
-                              top_k=-1 if greedy or not top_k else top_k, max_tokens=max_tokens,
-                              stop=list(stops) or None, include_stop_str_in_output=True,
-                              stop_token_ids=[] if self.ignore_eos else self.eos_ids, ignore_eos=self.ignore_eos,
-                              logprobs=0, detokenize=bool(stops), skip_special_tokens=False, seed=seed)
 
     def wake_up(self, tags: list[str] | None = None) -> None:
         """Restore the engine's GPU memory: `tags` ["weights"] and/or ["kv_cache"] (None: both).
@@ -333,15 +321,22 @@ class VLLMRollout:
         finally:
             _SET_NUM_THREADS(before)
 
-    def _params(self, n: int, temperature: float, greedy: bool, seed: int | None = None):
+    def _params(self, n: int, temperature: float, greedy: bool, seed: int | None = None, *, top_k: int | None = None,
+                top_p: float | None = None, max_tokens: int | None = None, stops: list[str] = ()):
+        """SamplingParams of generate() (the run's top_k / top_p, T tokens) or of one continue_ids
+        row (its sampling, its budget, its stop strings: kept in the output, detokenized with
+        special tokens as StopScanner decodes)."""
         if not greedy:  # vLLM would silently sample at another temperature, or fail later
             check_temperature(temperature, "the sampling temperature")
         from vllm import SamplingParams
 
-        return SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else self.top_p,
-                              top_k=-1 if greedy or not self.top_k else self.top_k, max_tokens=self.T,
+        top_k, top_p = self.top_k if top_k is None else top_k, self.top_p if top_p is None else top_p
+        return SamplingParams(n=n, temperature=0.0 if greedy else temperature, top_p=1.0 if greedy else top_p,
+                              top_k=-1 if greedy or not top_k else top_k,
+                              max_tokens=self.T if max_tokens is None else max_tokens,
+                              stop=list(stops) or None, include_stop_str_in_output=True,
                               stop_token_ids=[] if self.ignore_eos else self.eos_ids, ignore_eos=self.ignore_eos,
-                              logprobs=0, detokenize=False, seed=seed)
+                              logprobs=0, detokenize=bool(stops), skip_special_tokens=False, seed=seed)
 
     def generate(self, prompts: Batch, *, n: int, temperature: float = 1.0, greedy: bool = False,
                  seeds: list[int] | None = None) -> Batch:
